@@ -1,0 +1,125 @@
+"""Paged KV cache and attention with several queries per sequence.
+
+Two implementations behind `attention`: "xla", the reference (gathers each row's pages and masks by position;
+runs anywhere, what the CPU tests use) and "pallas", JAX's Pallas GPU paged-attention kernel, which reads only a
+row's valid pages. That kernel takes one query per sequence, so a row's T queries are flattened into B*T rows,
+each with its own length (its position + 1): causal masking for free, at the cost of re-reading the row's KV
+once per query.
+
+Layout decision: one cache array per K and V, `[L, kv_heads, pages, page_size, head_dim]`. This is the design's
+`[L, pages, page_size, kv_heads, head_dim]` with the KV-head axis moved in front of pages, because that is the
+layout the Pallas kernel reads without a transpose, and it makes sharding by KV heads a split of axis 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=[])
+@dataclass
+class KVCache:
+    k: jax.Array  # [L, kv_heads, pages, page_size, head_dim]
+    v: jax.Array  # [L, kv_heads, pages, page_size, head_dim]
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[2] * self.k.shape[3]
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[3]
+
+
+def init_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: int, head_dim: int,
+               dtype: jnp.dtype) -> KVCache:
+    shape = (num_layers, num_kv_heads, num_pages, page_size, head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["block_tables", "slot_mapping"], meta_fields=[])
+@dataclass
+class AttnBatch:
+    block_tables: jax.Array  # [B, pages_per_seq] int32: page ids of each row, in order
+    slot_mapping: jax.Array  # [B, T] int32: page * page_size + offset where each token's K/V go; <0 = padding
+
+
+def write_kv(kv: KVCache, layer: jax.Array | int, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> KVCache:
+    """Scatter this chunk's k, v [B, T, kv_heads, head_dim] into layer `layer`; padding slots are dropped."""
+    L, kvh, P, S, D = kv.k.shape
+    slots = slot_mapping.reshape(-1)
+    slots = jnp.where(slots < 0, P * S, slots)  # out of range -> dropped (negative indices would wrap)
+
+    def put(cache: jax.Array, new: jax.Array) -> jax.Array:
+        flat = cache.reshape(L, kvh, P * S, D)
+        new = new.reshape(-1, kvh, D).astype(cache.dtype)  # [B*T, kv_heads, D] (advanced index axis first)
+        return flat.at[layer, :, slots].set(new, mode="drop").reshape(cache.shape)
+
+    return KVCache(k=put(kv.k, k), v=put(kv.v, v))
+
+
+def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv_pos: jax.Array) -> jax.Array:
+    """q [B, T, H, D]; k, v [B, S, KVH, D]; a query sees keys at positions <= its own (kv_pos < 0 is padding)."""
+    B, T, H, D = q.shape
+    kvh = k.shape[2]
+    q = q.reshape(B, T, kvh, H // kvh, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(D)
+    visible = (kv_pos[:, None, :] <= q_pos[:, :, None]) & (kv_pos[:, None, :] >= 0)  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(B, T, H, D).astype(q.dtype)
+
+
+def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
+                        q_pos: jax.Array) -> jax.Array:
+    """Reference: gather every page of each row's block table, then mask by position."""
+    B = q.shape[0]
+    pages = batch.block_tables.shape[1]
+
+    def gather(cache: jax.Array) -> jax.Array:
+        rows = cache[layer][:, batch.block_tables]  # [KVH, B, pages, page_size, D]
+        kvh, _, _, S, D = rows.shape
+        return rows.reshape(kvh, B, pages * S, D).transpose(1, 2, 0, 3)  # [B, pages*S, KVH, D]
+
+    k, v = gather(kv.k), gather(kv.v)
+    kv_pos = jnp.broadcast_to(jnp.arange(k.shape[1], dtype=jnp.int32), (B, k.shape[1]))
+    return dense_attention(q, k, v, q_pos, kv_pos)
+
+
+def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
+                           q_pos: jax.Array) -> jax.Array:
+    """GPU kernel: flatten [B, T] queries to B*T rows, each attending to its first (position + 1) tokens."""
+    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+
+    B, T, H, D = q.shape
+    pages = batch.block_tables.shape[1]
+    block_tables = jnp.repeat(batch.block_tables, T, axis=0)  # [B*T, pages]
+    lengths = jnp.maximum(q_pos.reshape(-1) + 1, 1).astype(jnp.int32)
+    per_block = min(8, pages)
+    splits = max(1, pages // per_block)
+    while pages % splits or (pages // splits) % per_block:
+        splits -= 1
+    out = paged_attention((q.reshape(B * T, H, D) / jnp.sqrt(D).astype(q.dtype)), kv.k[layer], kv.v[layer],
+                          block_tables, lengths, pages_per_compute_block=per_block, k_splits=splits)
+    return out.reshape(B, T, H, D)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KVCache | None,
+              layer: jax.Array | int, batch: AttnBatch | None, impl: str) -> jax.Array:
+    """Attention for queries q [B, T, H, D] at positions q_pos [B, T].
+
+    Without a cache, dense causal attention over this chunk's own k, v. With one, over the cached sequence
+    (which already holds this chunk's K/V).
+    """
+    if kv is None:
+        return dense_attention(q, k, v, q_pos, q_pos)
+    if impl == "pallas":
+        return paged_attention_pallas(q, kv, layer, batch, q_pos)
+    if impl == "xla":
+        return paged_attention_xla(q, kv, layer, batch, q_pos)
+    raise ValueError(f"unknown attention implementation {impl!r} (expected 'xla' or 'pallas')")

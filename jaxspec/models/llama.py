@@ -1,0 +1,260 @@
+"""The Llama family in plain JAX: config, stacked weights, paged KV cache and one forward.
+
+Weights of one kind are stacked `[L, ...]` (few pytree leaves, cheap dispatch). On the GPU the layer loop is a
+Python loop with static indices: a `lax.scan` over stacked weights copies every layer's weights each step.
+`Config.layer_loop = "scan"` exists for CPU compile time and gives identical results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.models.attention import AttnBatch, KVCache, attention, write_kv
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    # Llama 3 rope scaling as sorted (key, value) pairs so the config stays hashable; None for plain RoPE.
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"
+    layer_loop: str = "unroll"  # "unroll" (GPU: static indices) or "scan" (CPU: faster compiles)
+    attn_impl: str = "xla"  # "xla" (reference, any backend) or "pallas" (GPU paged kernel)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf(cls, hf: dict, dtype: str = "float32", source: str = "config.json") -> "Config":
+        """Build from a Hugging Face `config.json` dict (both `rope_theta`/`rope_scaling` and `rope_parameters`)."""
+        archs = hf.get("architectures") or ["LlamaForCausalLM"]
+        model_type = hf.get("model_type", "llama")
+        if model_type != "llama" or not any(a == "LlamaForCausalLM" for a in archs):
+            raise ValueError(f"{source}: unsupported architecture {archs} (model_type={model_type!r}); "
+                             "jaxspec serves LlamaForCausalLM")
+        for flag in ("attention_bias", "mlp_bias"):
+            if hf.get(flag):
+                raise ValueError(f"{source}: {flag}=true is not supported")
+        rope = dict(hf.get("rope_parameters") or {})
+        theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        rope_scaling = None
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind != "llama3":
+                raise ValueError(f"{source}: rope scaling type {kind!r} is not supported (only 'llama3')")
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            missing = [k for k in keys if k not in scaling]
+            if missing:
+                raise ValueError(f"{source}: llama3 rope scaling lacks {missing}")
+            rope_scaling = tuple((k, float(scaling[k])) for k in keys)
+        num_heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        return cls(
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            head_dim=int(hf.get("head_dim") or hidden // num_heads),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            rope_theta=theta,
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            dtype=dtype,
+        )
+
+    def to_hf(self) -> dict:
+        """The `config.json` dict transformers reads for this shape."""
+        hf = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings, "hidden_act": "silu",
+            "attention_bias": False, "mlp_bias": False,
+        }
+        if self.rope_scaling:
+            hf["rope_scaling"] = {"rope_type": "llama3", **dict(self.rope_scaling)}
+        return hf
+
+
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down"], meta_fields=[])
+@dataclass
+class Layers:
+    attn_norm: jax.Array  # [L, H]
+    wqkv: jax.Array  # [L, H, (heads + 2 * kv_heads) * head_dim]: q, k, v fused into one matmul
+    wo: jax.Array  # [L, heads * head_dim, H]
+    mlp_norm: jax.Array  # [L, H]
+    w_gate_up: jax.Array  # [L, H, 2 * I]: gate then up, fused into one matmul
+    w_down: jax.Array  # [L, I, H]
+
+
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["embed", "layers", "final_norm", "lm_head"], meta_fields=[])
+@dataclass
+class Weights:
+    embed: jax.Array  # [V, H]
+    layers: Layers
+    final_norm: jax.Array  # [H]
+    lm_head: jax.Array | None  # [H, V]; None when tied to `embed`
+
+
+def abstract(cfg: Config) -> Weights:
+    """Shapes and dtypes of every weight: what the converter checks against and `init` fills."""
+    L, H, I, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    s = lambda *shape: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype)  # noqa: E731
+    return Weights(
+        embed=s(V, H),
+        layers=Layers(attn_norm=s(L, H), wqkv=s(L, H, cfg.q_size + 2 * cfg.kv_size), wo=s(L, cfg.q_size, H),
+                      mlp_norm=s(L, H), w_gate_up=s(L, H, 2 * I), w_down=s(L, I, H)),
+        final_norm=s(H),
+        lm_head=None if cfg.tie_word_embeddings else s(H, V),
+    )
+
+
+def init(cfg: Config, key: jax.Array, scale: float = 0.02) -> Weights:
+    """Random weights of the right shapes (tests and `--load-format dummy` benchmarks); norms start at one."""
+    shapes = abstract(cfg)
+    leaves, treedef = jax.tree.flatten(shapes)
+    keys = jax.random.split(key, len(leaves))
+    arrays = [(scale * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype) for k, x in zip(keys, leaves)]
+    w = jax.tree.unflatten(treedef, arrays)
+    ones = lambda x: jnp.ones_like(x)  # noqa: E731
+    w.layers.attn_norm, w.layers.mlp_norm, w.final_norm = (
+        ones(w.layers.attn_norm), ones(w.layers.mlp_norm), ones(w.final_norm))
+    return w
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in fp32, as transformers does, then cast back."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: Config) -> np.ndarray:
+    """Inverse frequencies [head_dim/2] in fp32, with Llama 3 scaling when configured (matches transformers)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    inv_freq = inv_freq.astype(np.float32)
+    if cfg.rope_scaling is None:
+        return inv_freq
+    p = dict(cfg.rope_scaling)
+    factor, low, high, old_len = (p["factor"], p["low_freq_factor"], p["high_freq_factor"],
+                                  p["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """x: [B, T, heads, head_dim]; rotate-half RoPE (the HF layout) at integer positions [B, T]."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def mlp(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    gate, up = jnp.split(x @ w_gate_up, 2, axis=-1)
+    return (jax.nn.silu(gate) * up) @ w_down
+
+
+def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax.Array, cfg: Config,
+                    inv_freq: np.ndarray, kv: KVCache | None, layer: jax.Array | int,
+                    batch: AttnBatch | None) -> tuple[jax.Array, KVCache | None]:
+    """Self-attention over the paged cache (after writing this chunk's K/V into it), or dense when kv is None."""
+    B, T, _ = x.shape
+    q, k, v = jnp.split(x @ wqkv, [cfg.q_size, cfg.q_size + cfg.kv_size], axis=-1)
+    q = apply_rope(q.reshape(B, T, cfg.num_heads, cfg.head_dim), positions, inv_freq)
+    k = apply_rope(k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim), positions, inv_freq)
+    v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    if kv is not None:
+        kv = write_kv(kv, layer, k, v, batch.slot_mapping)
+    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl)  # [B, T, heads, head_dim]
+    return out.reshape(B, T, cfg.q_size) @ wo, kv
+
+
+def decoder_layer(x: jax.Array, lw: Layers, positions: jax.Array, cfg: Config, inv_freq: np.ndarray,
+                  kv: KVCache | None, layer: jax.Array | int, batch: AttnBatch | None) -> tuple[jax.Array, Any]:
+    """One pre-norm Llama layer; `lw` holds this layer's slices of the stacked weights."""
+    h, kv = attention_block(rms_norm(x, lw.attn_norm, cfg.rms_norm_eps), lw.wqkv, lw.wo, positions, cfg,
+                            inv_freq, kv, layer, batch)
+    x = x + h
+    x = x + mlp(rms_norm(x, lw.mlp_norm, cfg.rms_norm_eps), lw.w_gate_up, lw.w_down)
+    return x, kv
+
+
+def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv: KVCache | None = None,
+            batch: AttnBatch | None = None, aux_layers: tuple[int, ...] = ()
+            ) -> tuple[jax.Array, jax.Array | None, KVCache | None]:
+    """tokens, positions: [B, T]. Returns (hidden after the final norm [B, T, H], aux, kv).
+
+    With `kv` the chunk's K/V are written at `batch.slot_mapping` and each query attends to the cached positions
+    up to its own; without it attention is dense and causal over the given tokens (the oracle path).
+    `aux` concatenates the inputs of `aux_layers` ([B, T, len * H], EAGLE-3's features) or is None.
+    """
+    inv_freq = rope_inv_freq(cfg)
+    x = w.embed[tokens]
+    aux = []
+    if cfg.layer_loop == "scan" and not aux_layers:
+        def body(carry, xs):
+            x, kv = carry
+            lw, i = xs
+            x, kv = decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
+            return (x, kv), None
+        (x, kv), _ = jax.lax.scan(body, (x, kv), (w.layers, jnp.arange(cfg.num_layers)))
+    else:
+        for i in range(cfg.num_layers):
+            if i in aux_layers:
+                aux.append(x)
+            lw = jax.tree.map(lambda a: a[i], w.layers)
+            x, kv = decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
+    hidden = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+    return hidden, (jnp.concatenate(aux, axis=-1) if aux else None), kv
+
+
+def lm_head(w: Weights, hidden: jax.Array) -> jax.Array:
+    """Logits in fp32: [..., H] -> [..., V]."""
+    head = w.embed.T if w.lm_head is None else w.lm_head
+    return (hidden @ head).astype(jnp.float32)
