@@ -41,11 +41,21 @@ def init_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: in
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["block_tables", "slot_mapping"], meta_fields=[])
+@partial(jax.tree_util.register_dataclass, data_fields=["block_tables", "slot_mapping", "token_rows"],
+         meta_fields=[])
 @dataclass
 class AttnBatch:
-    block_tables: jax.Array  # [B, pages_per_seq] int32: page ids of each row, in order
+    block_tables: jax.Array  # [R, pages_per_seq] int32: page ids of each sequence row, in order
     slot_mapping: jax.Array  # [B, T] int32: page * page_size + offset where each token's K/V go; <0 = padding
+    # [B, T] int32: the block-table row of each token, so one flat row can carry several sequences (ragged
+    # prefill). None: token (b, t) belongs to row b.
+    token_rows: jax.Array | None = None
+
+    def token_block_tables(self, B: int, T: int) -> jax.Array:
+        """[B*T, pages_per_seq]: each token's block table."""
+        if self.token_rows is None:
+            return jnp.repeat(self.block_tables, T, axis=0)
+        return self.block_tables[self.token_rows.reshape(B * T)]
 
 
 def write_kv(kv: KVCache, layer: jax.Array | int, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> KVCache:
@@ -77,18 +87,19 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, 
 
 def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
                         q_pos: jax.Array) -> jax.Array:
-    """Reference: gather every page of each row's block table, then mask by position."""
-    B = q.shape[0]
-    pages = batch.block_tables.shape[1]
+    """Reference: gather every page of each token's block table, then mask by position."""
+    B, T, H, D = q.shape
+    tables = batch.token_block_tables(B, T)  # [B*T, pages]
 
     def gather(cache: jax.Array) -> jax.Array:
-        rows = cache[layer][:, batch.block_tables]  # [KVH, B, pages, page_size, D]
-        kvh, _, _, S, D = rows.shape
-        return rows.reshape(kvh, B, pages * S, D).transpose(1, 2, 0, 3)  # [B, pages*S, KVH, D]
+        rows = cache[layer][:, tables]  # [KVH, B*T, pages, page_size, D]
+        kvh, N, pages, S, _ = rows.shape
+        return rows.reshape(kvh, N, pages * S, D).transpose(1, 2, 0, 3)  # [B*T, pages*S, KVH, D]
 
     k, v = gather(kv.k), gather(kv.v)
-    kv_pos = jnp.broadcast_to(jnp.arange(k.shape[1], dtype=jnp.int32), (B, k.shape[1]))
-    return dense_attention(q, k, v, q_pos, kv_pos)
+    kv_pos = jnp.broadcast_to(jnp.arange(k.shape[1], dtype=jnp.int32), (B * T, k.shape[1]))
+    out = dense_attention(q.reshape(B * T, 1, H, D), k, v, q_pos.reshape(B * T, 1), kv_pos)
+    return out.reshape(B, T, H, D)
 
 
 def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
@@ -98,7 +109,7 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
 
     B, T, H, D = q.shape
     pages = batch.block_tables.shape[1]
-    block_tables = jnp.repeat(batch.block_tables, T, axis=0)  # [B*T, pages]
+    block_tables = batch.token_block_tables(B, T)  # [B*T, pages]
     lengths = jnp.maximum(q_pos.reshape(-1) + 1, 1).astype(jnp.int32)
     per_block = min(8, pages)
     splits = max(1, pages // per_block)

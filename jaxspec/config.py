@@ -1,0 +1,75 @@
+"""Engine configuration (host side): sizes of the batch, the KV pool and the compiled buckets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str  # "eagle" or "eagle3"
+    model: str  # path of the draft head (HF-style directory)
+    num_speculative_tokens: int
+
+    @classmethod
+    def parse(cls, spec: dict | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":
+        if spec is None or isinstance(spec, SpeculativeConfig):
+            return spec
+        unknown = set(spec) - {"method", "model", "num_speculative_tokens"}
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
+        method = spec.get("method", "eagle")
+        if method not in ("eagle", "eagle3"):
+            raise ValueError(f"speculative_config.method must be 'eagle' or 'eagle3', got {method!r}")
+        if not spec.get("model"):
+            raise ValueError("speculative_config.model (the draft head's path) is required")
+        k = spec.get("num_speculative_tokens")
+        if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
+                             f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        return cls(method=method, model=str(spec["model"]), num_speculative_tokens=k)
+
+
+def buckets_up_to(limit: int, smallest: int = 1) -> list[int]:
+    """Powers of two from `smallest` below `limit`, then `limit`: the padded sizes we compile for."""
+    sizes, b = [], smallest
+    while b < limit:
+        sizes.append(b)
+        b *= 2
+    return sizes + [limit]
+
+
+@dataclass
+class EngineConfig:
+    max_model_len: int
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # prefill tokens of one step (chunked prefill splits longer prompts)
+    max_prefill_seqs: int = 8  # sequences whose chunks one prefill step may carry
+    page_size: int = 16
+    num_pages: int = 0  # KV pages in the pool; 0 = size from memory_fraction (GPU) or enough for max_num_seqs
+    memory_fraction: float = 0.85  # of device memory, for weights + KV pool, when num_pages is 0
+    async_scheduling: bool = True
+    seed: int = 0
+    speculative: SpeculativeConfig | None = None
+    decode_buckets: list[int] = field(default_factory=list)
+    prefill_buckets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self.max_prefill_seqs = min(self.max_prefill_seqs, self.max_num_seqs)
+        self.decode_buckets = self.decode_buckets or buckets_up_to(self.max_num_seqs)
+        self.prefill_buckets = self.prefill_buckets or buckets_up_to(self.max_num_batched_tokens,
+                                                                    min(16, self.max_num_batched_tokens))
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative.num_speculative_tokens if self.speculative else 0
+
+    @property
+    def pages_per_seq(self) -> int:
+        # Writes past max_model_len (draft look-ahead near the end) are dropped on the device.
+        return -(-self.max_model_len // self.page_size)

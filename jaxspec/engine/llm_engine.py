@@ -1,0 +1,115 @@
+"""The step loop: schedule, dispatch, and commit one step late (async) or at once (sync).
+
+    dispatch step N            (returns at once; out_N starts copying to the host)
+    plan and dispatch step N+1 (host work overlaps the device; nothing of step N is read yet)
+    read out_N, commit it      (detokenize, stop checks, free finished slots)
+
+Sync mode moves the read before the next plan. Both give identical outputs: the plan never depends on the
+tokens of the step before it, and random numbers are keyed on (seed, position).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxspec.config import EngineConfig
+from jaxspec.engine.block_manager import BlockManager
+from jaxspec.engine.model_runner import ModelRunner
+from jaxspec.engine.output_processor import OutputProcessor
+from jaxspec.engine.scheduler import Scheduler, StepPlan
+from jaxspec.engine.sequence import Sequence
+
+
+@dataclass
+class SpecMetrics:
+    """Speculative decoding counters, vLLM's names: a draft is one row's k proposals in one step."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def as_dict(self) -> dict:
+        rate = [a / self.num_drafts if self.num_drafts else 0.0 for a in self.accepted_per_position]
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "accepted_per_position": list(self.accepted_per_position),
+                "acceptance_rate_per_position": rate,
+                "mean_acceptance_length": self.mean_acceptance_length}
+
+
+@dataclass
+class StepTimes:
+    num_steps: int = 0
+    host_wait_s: float = 0.0  # time blocked reading step outputs: the device was behind the host
+    wall_s: float = 0.0
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, runner: ModelRunner, output_processor: OutputProcessor):
+        self.cfg = cfg
+        self.runner = runner
+        self.k = cfg.num_speculative_tokens
+        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq)
+        self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens)
+        self.spec_metrics = SpecMetrics(accepted_per_position=[0] * self.k)
+        self.times = StepTimes()
+        self.trace: list[tuple[str, int]] | None = None  # ("dispatch" | "fetch", step): set to [] to record
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def _record(self, event: str, step: int) -> None:
+        if self.trace is not None:
+            self.trace.append((event, step))
+
+    def run(self, on_commit=None) -> None:
+        """Run until every added request is finished. `on_commit(plan)` is called after each commit."""
+        pending: deque[tuple[int, StepPlan, object, object]] = deque()
+        step = 0
+        start = time.perf_counter()
+        while self.scheduler.has_unfinished() or pending:
+            plan = self.scheduler.schedule() if self.scheduler.has_unfinished() else StepPlan()
+            if plan:
+                prefill_out = self.runner.prefill(plan.prefill) if plan.prefill else None
+                decode_out = self.runner.decode(plan.decode) if plan.decode else None
+                self._record("dispatch", step)
+                pending.append((step, plan, prefill_out, decode_out))
+                step += 1
+            elif not pending:
+                raise RuntimeError("the scheduler can make no progress: the KV pool cannot hold one request")
+            if pending and (not self.cfg.async_scheduling or not plan or len(pending) > 1):
+                self._commit(*pending.popleft())
+                if on_commit is not None:
+                    on_commit(plan)
+        self.times.num_steps += step
+        self.times.wall_s += time.perf_counter() - start
+
+    def _commit(self, step: int, plan: StepPlan, prefill_out, decode_out) -> None:
+        t0 = time.perf_counter()
+        prefill_np = np.asarray(prefill_out) if prefill_out is not None else None
+        decode_np = np.asarray(decode_out) if decode_out is not None else None
+        self.times.host_wait_s += time.perf_counter() - t0
+        self._record("fetch", step)
+        if self.k and decode_np is not None:
+            self._count_acceptance(plan, decode_np)
+        self.scheduler.commit(plan, prefill_np, decode_np)
+
+    def _count_acceptance(self, plan: StepPlan, decode_np: np.ndarray) -> None:
+        m = self.spec_metrics
+        for i, seq in enumerate(plan.decode):
+            if seq.is_finished:
+                continue  # the extra step of a request that already finished: its tokens are discarded
+            accepted = int(decode_np[i, 0]) - 1
+            m.num_drafts += 1
+            m.num_draft_tokens += self.k
+            m.num_accepted_tokens += accepted
+            for j in range(accepted):
+                m.accepted_per_position[j] += 1

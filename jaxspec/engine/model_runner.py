@@ -1,0 +1,135 @@
+"""The only host<->device boundary: owns weights, caches and slot state, turns plans into arrays, dispatches.
+
+Every call returns at once (JAX async dispatch) with the step's `out` array already copying to the host; the
+engine decides when to read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxspec.config import EngineConfig
+from jaxspec.engine import sampler
+from jaxspec.engine.scheduler import PrefillChunk
+from jaxspec.engine.sequence import Sequence
+from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step
+from jaxspec.models import eagle, llama
+from jaxspec.models.attention import init_cache
+
+
+def pick_bucket(buckets: list[int], n: int) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest compiled bucket {buckets[-1]}")
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, target_cfg: llama.Config, target_weights: llama.Weights,
+                 draft_cfg: eagle.EagleConfig | None = None, draft_weights: eagle.EagleWeights | None = None):
+        self.cfg = cfg
+        self.k = cfg.num_speculative_tokens
+        self.num_slots = cfg.max_num_seqs
+        self.vocab_size = target_cfg.vocab_size
+        self.tw, self.dw = target_weights, draft_weights
+        self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
+                             page_size=cfg.page_size, max_model_len=cfg.max_model_len)
+        dtype = target_cfg.jnp_dtype
+        target_kv = init_cache(target_cfg.num_layers, target_cfg.num_kv_heads, cfg.num_pages, cfg.page_size,
+                               target_cfg.head_dim, dtype)
+        draft_kv = None
+        if draft_cfg is not None:
+            draft_kv = init_cache(1, draft_cfg.num_kv_heads, cfg.num_pages, cfg.page_size, draft_cfg.head_dim, dtype)
+        self.caches = Caches(target_kv, draft_kv)
+        self.state = SlotState.init(self.num_slots, self.k)
+
+    # ---- building the host arrays
+
+    def _tables(self, seqs: list[Sequence], rows: int) -> np.ndarray:
+        tables = np.full((rows, self.cfg.pages_per_seq), -1, np.int32)
+        for i, seq in enumerate(seqs):
+            tables[i, :len(seq.pages)] = seq.pages
+        return tables
+
+    def _sampling(self, seqs: list[Sequence], rows: int) -> tuple[np.ndarray, StepSpec]:
+        """Packed per-row sampling params (padding rows greedy) and the step's static sampling mode."""
+        pad = rows - len(seqs)
+        temperature = [s.params.temperature for s in seqs] + [0.0] * pad
+        top_k = [s.params.top_k for s in seqs] + [0] * pad
+        top_p = [s.params.top_p for s in seqs] + [1.0] * pad
+        seeds = [s.seed for s in seqs] + [0] * pad
+        all_greedy, filtered = sampler.batch_flags(temperature, top_k, top_p, self.vocab_size)
+        spec = dataclasses.replace(self.spec, all_greedy=all_greedy, filtered=filtered)
+        return sampler.pack_params(temperature, top_k, top_p, seeds), spec
+
+    # ---- dispatch
+
+    def decode(self, seqs: list[Sequence]) -> jax.Array:
+        """Dispatch one verify+draft step for these decoding sequences; returns out [B, k+2] (first len(seqs)
+        rows are theirs)."""
+        B = pick_bucket(self.cfg.decode_buckets, len(seqs))
+        rows = np.full((B, 1 + self.cfg.pages_per_seq), -1, np.int32)
+        rows[:, 0] = self.num_slots
+        rows[:len(seqs), 0] = [s.slot for s in seqs]
+        rows[:, 1:] = self._tables(seqs, B)
+        sampling, spec = self._sampling(seqs, B)
+        self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows, sampling, spec)
+        out.copy_to_host_async()
+        return out
+
+    def prefill(self, chunks: list[PrefillChunk]) -> jax.Array:
+        """Dispatch one ragged prefill step; returns out [R, 2] = (1 if a first token was sampled, token)."""
+        n_tokens = sum(c.length for c in chunks)
+        N = pick_bucket(self.cfg.prefill_buckets, n_tokens)
+        R = self.cfg.max_prefill_seqs
+        tok = np.zeros((N, 4), np.int32)
+        tok[:, 2] = -1  # padding tokens belong to no row
+        rows = np.zeros((R, 3 + self.cfg.pages_per_seq), np.int32)
+        rows[:, 0] = self.num_slots
+        rows[:, 3:] = self._tables([c.seq for c in chunks], R)
+        at = 0
+        for r, c in enumerate(chunks):
+            ids = c.seq.prefill_token_ids
+            end = c.start + c.length
+            tok[at:at + c.length, 0] = ids[c.start:end]
+            nxt = ids[c.start + 1:end + 1]
+            tok[at:at + len(nxt), 1] = nxt
+            tok[at + len(nxt):at + c.length, 1] = -1  # the prompt's last token pairs with the token sampled here
+            tok[at:at + c.length, 2] = r
+            tok[at:at + c.length, 3] = np.arange(c.start, end)
+            rows[r, :3] = (c.seq.slot, at + c.length - 1, int(c.is_last))
+            at += c.length
+        sampling, spec = self._sampling([c.seq for c in chunks], R)
+        self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows, sampling,
+                                                    spec)
+        out.copy_to_host_async()
+        return out
+
+    def warmup(self) -> int:
+        """Compile every bucket in each sampling mode (greedy; random; random with top-k/top-p) now, so that
+        generation never compiles. Returns the number of compiled variants."""
+        count, out = 0, None
+        P, R = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs
+        for all_greedy, filtered in ((True, False), (False, False), (False, True)):
+            spec = dataclasses.replace(self.spec, all_greedy=all_greedy, filtered=filtered)
+            for B in self.cfg.decode_buckets:
+                rows = np.full((B, 1 + P), -1, np.int32)
+                rows[:, 0] = self.num_slots
+                sampling = sampler.pack_params([0.0] * B, [0] * B, [1.0] * B, [0] * B)
+                self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows,
+                                                           sampling, spec)
+                count += 1
+            for N in self.cfg.prefill_buckets:
+                tok = np.zeros((N, 4), np.int32)
+                tok[:, 2] = -1
+                rows = np.full((R, 3 + P), -1, np.int32)
+                rows[:, 0] = self.num_slots
+                sampling = sampler.pack_params([0.0] * R, [0] * R, [1.0] * R, [0] * R)
+                self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows,
+                                                            sampling, spec)
+                count += 1
+        jax.block_until_ready(out)
+        return count

@@ -1,0 +1,162 @@
+"""Waiting and running queues, slots, chunked prefill, preemption by recompute. Plans one step at a time.
+
+The plan for step N+1 never depends on step N's outputs: the host knows each sequence's length only as an upper
+bound (every dispatched step may add up to k+1 tokens), allocates pages for that worst case, and learns exact
+lengths when a step is committed, one step late. A request that finished in step N is still in step N+1; that
+step's tokens for it are dropped at commit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from jaxspec.config import EngineConfig
+from jaxspec.engine.block_manager import BlockManager
+from jaxspec.engine.sequence import Sequence, Status
+
+
+@dataclass
+class PrefillChunk:
+    seq: Sequence
+    start: int  # first position of the chunk in seq.prefill_token_ids
+    length: int
+    is_last: bool  # the chunk ends the prompt: the step samples the first new token
+
+
+@dataclass
+class StepPlan:
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    decode: list[Sequence] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.prefill or self.decode)
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, block_manager: BlockManager,
+                 append_tokens: Callable[[Sequence, list[int]], None]):
+        self.cfg = cfg
+        self.k = cfg.num_speculative_tokens
+        self.block_manager = block_manager
+        self.append_tokens = append_tokens  # appends emitted tokens, applies stop rules (may finish the seq)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order; preemption takes from the end
+        self.free_slots: list[int] = list(range(cfg.max_num_seqs - 1, -1, -1))
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- planning
+
+    def _decode_positions(self, seq: Sequence) -> int:
+        """Positions [0, n) a decode step may write: verify up to U-1+k, the head's single passes up to U+2k-2."""
+        U = seq.upper_bound_len
+        return min(U + (2 * self.k - 1 if self.k else 0), self.cfg.max_model_len)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's pages and slot; it is recomputed from its tokens once its in-flight steps
+        are committed."""
+        self.block_manager.free(seq)
+        self.free_slots.append(seq.slot)
+        seq.slot = -1
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
+    def _reserve_decode(self, seq: Sequence, allow_preempt: bool) -> bool:
+        need = self._decode_positions(seq)
+        while not self.block_manager.can_grow(seq, need):
+            if not allow_preempt:
+                return False
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.block_manager.grow(seq, need)
+        return True
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        # 1. decode every running sequence past prefill, preempting the newest when pages run out
+        for seq in list(self.running):
+            if seq.status is Status.RUNNING and seq.decoding and self._reserve_decode(seq, allow_preempt=True):
+                plan.decode.append(seq)
+        # 2. prefill chunks: unfinished prompts of running sequences first, then new (or preempted) requests
+        budget = self.cfg.max_num_batched_tokens
+        candidates = [s for s in self.running if not s.decoding] + [s for s in self.waiting if s.num_inflight == 0]
+        for seq in candidates:
+            if budget == 0 or len(plan.prefill) == self.cfg.max_prefill_seqs:
+                break
+            new = seq.status is Status.WAITING
+            if new:
+                if not self.free_slots:
+                    break
+                seq.start_prefill()
+            remaining = len(seq.prefill_token_ids) - seq.num_prefilled
+            n = min(remaining, budget)
+            is_last = n == remaining
+            # the last chunk's first drafts look k-1 positions past the prompt's sampled token
+            need = seq.num_prefilled + n + (self.k if is_last else 0)
+            if not self.block_manager.can_grow(seq, min(need, self.cfg.max_model_len)):
+                break
+            if new:
+                self.waiting.remove(seq)
+                seq.status, seq.slot = Status.RUNNING, self.free_slots.pop()
+                self.running.append(seq)
+            self.block_manager.grow(seq, min(need, self.cfg.max_model_len))
+            plan.prefill.append(PrefillChunk(seq, seq.num_prefilled, n, is_last))
+            seq.num_prefilled += n
+            budget -= n
+        # 3. mark what is in flight; a prompt finished now already decodes in this step (the prefill runs first)
+        for chunk in plan.prefill:
+            chunk.seq.num_inflight += 1
+            if chunk.is_last:
+                chunk.seq.inflight_max_tokens += 1
+                chunk.seq.decoding = True
+                if self._reserve_decode(chunk.seq, allow_preempt=False):
+                    plan.decode.append(chunk.seq)
+        for seq in plan.decode:
+            seq.num_inflight += 1
+            seq.inflight_max_tokens += self.k + 1
+        return plan
+
+    # ---- committing
+
+    def commit(self, plan: StepPlan, prefill_out, decode_out) -> None:
+        """Apply a step's fetched outputs: prefill_out [R, 2], decode_out [B, k+2] (count, tokens...)."""
+        for i, chunk in enumerate(plan.prefill):
+            seq = chunk.seq
+            seq.num_inflight -= 1
+            if chunk.is_last:
+                seq.inflight_max_tokens -= 1
+                self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [])
+        for i, seq in enumerate(plan.decode):
+            seq.num_inflight -= 1
+            seq.inflight_max_tokens -= self.k + 1
+            count = int(decode_out[i, 0])
+            self._emit(seq, decode_out[i, 1:1 + count].tolist())
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+        if seq.is_finished or not tokens:
+            return
+        self.append_tokens(seq, tokens)
+        if seq.is_finished:
+            self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence leaves at once; steps still in flight for it are harmless (device order)."""
+        if seq in self.running:
+            self.block_manager.free(seq)
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

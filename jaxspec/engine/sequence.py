@@ -1,0 +1,62 @@
+"""A request's host-side state: its tokens, where it stands in the pipeline, and its detokenized text."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from jaxspec.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # not holding a slot: new, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds a slot and pages (prefilling or decoding)
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    prompt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop" or "length"
+    stop_reason: int | str | None = None
+    slot: int = -1
+    pages: list[int] = field(default_factory=list)
+    num_prefilled: int = 0  # tokens of `prefill_token_ids` whose KV is computed
+    prefill_token_ids: list[int] = field(default_factory=list)  # what prefill feeds: prompt (+ outputs if preempted)
+    decoding: bool = False  # prefill done; the device state holds last_token and seq_len
+    num_inflight: int = 0  # dispatched steps whose tokens are not committed yet
+    inflight_max_tokens: int = 0  # the most tokens those steps can add (1 per prefill end, k+1 per decode)
+    text: str = ""
+    prefix_offset: int = 0  # incremental detokenization window over output_token_ids
+    read_offset: int = 0
+    num_preemptions: int = 0
+    arrival: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def start_prefill(self) -> None:
+        """(Re)start from scratch: after preemption the generated tokens are recomputed as part of the prompt."""
+        self.prefill_token_ids = self.all_token_ids
+        self.num_prefilled = 0
+        self.decoding = False
+
+    @property
+    def upper_bound_len(self) -> int:
+        """The most tokens the sequence can hold once every dispatched step is committed."""
+        return self.num_tokens + self.inflight_max_tokens

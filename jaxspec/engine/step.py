@@ -1,0 +1,181 @@
+"""The jitted steps: device arrays in, device arrays out; caches and slot state donated.
+
+`decode_step` is DESIGN's spec_step: verify [last_token, d_1..d_k] for every scheduled slot, rejection-sample,
+draft k new tokens with the EAGLE head, commit seq_len/last_token/drafts on device. With k = 0 (no head) it is
+plain decoding through the same code. `prefill_step` runs ragged prompt chunks of several sequences as one flat
+row, samples each finished prompt's first token and, with a head, fills the draft cache and makes the first
+drafts. The host reads only `out`: [rows, k+2] int32 = (count, tokens..., -1 padding).
+
+Host plan layouts (few, large arrays: each jit argument leaf costs host time per call):
+  decode  rows_i32 [B, 1 + pages]: slot (== num_slots for padding rows), block table (-1 = no page)
+  prefill tok_i32 [N, 4]: token, next token (the draft head's input; -1 = the token sampled here), row (-1 =
+          padding), position;  rows_i32 [R, 3 + pages]: slot, index of the row's last token in the flat
+          chunk, is_last (the chunk ends the prompt), block table
+  both    sampling [rows, 4] uint32 (sampler.pack_params)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.engine import sampler
+from jaxspec.models import eagle, llama
+from jaxspec.models.attention import AttnBatch, KVCache
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class StepSpec:
+    """Everything static about a step: model shapes, k, limits and the batch's sampling mode."""
+    target: llama.Config
+    draft: eagle.EagleConfig | None
+    num_speculative_tokens: int
+    page_size: int
+    max_model_len: int
+    all_greedy: bool = True
+    filtered: bool = False
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return self.draft.aux_layers if self.draft is not None and self.draft.method == "eagle3" else ()
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["target", "draft"], meta_fields=[])
+@dataclass
+class Caches:
+    target: KVCache
+    draft: KVCache | None
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len"], meta_fields=[])
+@dataclass
+class SlotState:
+    """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
+    tokens: jax.Array  # [S + 1, 1 + k] int32: last_token, then the k drafts to verify next
+    seq_len: jax.Array  # [S + 1] int32: tokens in the sequence, last_token included
+
+    @classmethod
+    def init(cls, num_slots: int, k: int) -> "SlotState":
+        return cls(tokens=jnp.zeros((num_slots + 1, 1 + k), jnp.int32), seq_len=jnp.ones((num_slots + 1,), jnp.int32))
+
+
+def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
+                 spec: StepSpec) -> jax.Array:
+    """Cache slot of each token (page * page_size + offset), -1 where nothing may be written: padding, positions
+    past max_model_len, or pages the host has not allocated (look-ahead drafts)."""
+    pages = block_tables.shape[1]
+    page_idx = positions // spec.page_size
+    page = block_tables[rows, jnp.clip(page_idx, 0, pages - 1)]
+    ok = valid & (positions >= 0) & (positions < spec.max_model_len) & (page_idx < pages) & (page >= 0)
+    return jnp.where(ok, page * spec.page_size + positions % spec.page_size, -1).astype(jnp.int32)
+
+
+def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec: StepSpec, h: jax.Array,
+                   start: jax.Array, block_tables: jax.Array, valid: jax.Array) -> tuple[jax.Array, KVCache]:
+    """From the head's output h [B, H] at the last verified pair, greedy-draft k tokens: the first from h, then
+    k-1 single-token passes at positions start, start+1, ... (fixed trip count, unrolled)."""
+    B = h.shape[0]
+    d = eagle.draft_tokens(dw, spec.draft, tw, h)  # [B]
+    drafts = [d]
+    rows = jnp.arange(B)[:, None]
+    for i in range(spec.num_speculative_tokens - 1):
+        pos = (start + i)[:, None]  # [B, 1]
+        batch = AttnBatch(block_tables, slot_mapping(block_tables, rows, pos, valid[:, None], spec))
+        out, dkv = eagle.forward(dw, spec.draft, tw.embed, d[:, None], h[:, None], pos, dkv, batch,
+                                 from_target=False)
+        h = out[:, 0]
+        d = eagle.draft_tokens(dw, spec.draft, tw, h)
+        drafts.append(d)
+    return jnp.stack(drafts, axis=1), dkv
+
+
+def _attn_tables(block_tables: jax.Array) -> jax.Array:
+    return jnp.maximum(block_tables, 0)  # unallocated entries are never visible; keep kernels' reads in bounds
+
+
+@partial(jax.jit, static_argnames=("spec",), donate_argnames=("caches", "state"))
+def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
+                rows_i32: jax.Array, sampling: jax.Array, spec: StepSpec) -> tuple[Caches, SlotState, jax.Array]:
+    k = spec.num_speculative_tokens
+    S = state.seq_len.shape[0] - 1
+    slots, tables = rows_i32[:, 0], rows_i32[:, 1:]
+    B = slots.shape[0]
+    valid = slots < S
+    tokens = state.tokens[slots]  # [B, 1+k]: last_token, drafts
+    n = state.seq_len[slots]  # [B]
+    positions = n[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)  # [B, k+1]
+    rows = jnp.arange(B)[:, None]
+    batch = AttnBatch(_attn_tables(tables), slot_mapping(tables, rows, positions, valid[:, None], spec))
+
+    # 1. verify
+    hidden, aux, target_kv = llama.forward(tw, spec.target, tokens, positions, caches.target, batch,
+                                           spec.aux_layers)
+    logits = llama.lm_head(tw, hidden)  # [B, k+1, V]
+    # 2. accept: emitted tokens sit at positions n .. n+n_acc, which must stay below max_model_len
+    temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
+    num_valid = jnp.clip(spec.max_model_len - 1 - n, 0, k)
+    emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p, seeds,
+                                              n, spec.all_greedy, spec.filtered)
+    new_last = jnp.take_along_axis(emitted, n_acc[:, None], axis=1)  # [B, 1]
+    # 3. draft: the head reads pair (feature at p, token at p+1) for p = n-1 .. n-1+k; pairs past n_acc are
+    # padding whose draft KV the next step overwrites
+    draft_kv = caches.draft
+    new_tokens = new_last
+    if k > 0:
+        features = eagle.target_features(spec.draft, hidden, aux)
+        pair_tokens = jnp.maximum(emitted, 0)
+        out, draft_kv = eagle.forward(dw, spec.draft, tw.embed, pair_tokens, features, positions, draft_kv, batch)
+        h = jnp.take_along_axis(out, n_acc[:, None, None], axis=1)[:, 0]  # [B, H]
+        drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid)
+        new_tokens = jnp.concatenate([new_last, drafts], axis=1)
+    # 4. commit on device
+    state = SlotState(tokens=state.tokens.at[slots].set(new_tokens), seq_len=state.seq_len.at[slots].set(n + n_acc + 1))
+    out = jnp.concatenate([(n_acc + 1)[:, None], emitted], axis=1)  # [B, k+2]
+    return Caches(target_kv, draft_kv), state, out
+
+
+@partial(jax.jit, static_argnames=("spec",), donate_argnames=("caches", "state"))
+def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
+                 tok_i32: jax.Array, rows_i32: jax.Array, sampling: jax.Array,
+                 spec: StepSpec) -> tuple[Caches, SlotState, jax.Array]:
+    k = spec.num_speculative_tokens
+    S = state.seq_len.shape[0] - 1
+    tokens, next_tokens, tok_rows, positions = (tok_i32[:, i] for i in range(4))  # [N] each
+    slots, last_index, is_last, tables = rows_i32[:, 0], rows_i32[:, 1], rows_i32[:, 2] > 0, rows_i32[:, 3:]
+    R = slots.shape[0]
+    tok_valid = tok_rows >= 0
+    tok_rows = jnp.maximum(tok_rows, 0)
+    batch = AttnBatch(_attn_tables(tables), slot_mapping(tables, tok_rows, positions, tok_valid, spec)[None],
+                      tok_rows[None])
+
+    hidden, aux, target_kv = llama.forward(tw, spec.target, tokens[None], positions[None], caches.target, batch,
+                                           spec.aux_layers)  # hidden [1, N, H]
+    logits = llama.lm_head(tw, hidden[0, last_index])[:, None]  # [R, 1, V]: only each row's last token
+    first_pos = positions[last_index] + 1  # [R]: position of the token sampled here
+    temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
+    emitted, _ = sampler.rejection_sample(logits, jnp.zeros((R, 0), jnp.int32), jnp.zeros((R,), jnp.int32),
+                                          temperature, top_k, top_p, seeds, first_pos, spec.all_greedy,
+                                          spec.filtered)
+    first = emitted[:, 0]  # [R]
+    draft_kv = caches.draft
+    new_tokens = first[:, None]
+    if k > 0:
+        # the head's pairs (feature at p, token at p+1); the final prompt position pairs with the token sampled now
+        is_row_end = (jnp.arange(tokens.shape[0]) == last_index[tok_rows]) & is_last[tok_rows]
+        pair_tokens = jnp.where(is_row_end, first[tok_rows], jnp.maximum(next_tokens, 0))
+        features = eagle.target_features(spec.draft, hidden, aux)
+        out, draft_kv = eagle.forward(dw, spec.draft, tw.embed, pair_tokens[None], features, positions[None],
+                                      draft_kv, batch)
+        h = out[0, last_index]  # [R, H]
+        drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, first_pos, tables, slots < S)
+        new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
+    commit = is_last & (slots < S)
+    slots = jnp.where(commit, slots, S)  # rows that do not end their prompt leave the slot state alone
+    state = SlotState(tokens=state.tokens.at[slots].set(new_tokens),
+                      seq_len=state.seq_len.at[slots].set(first_pos + 1))
+    out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
+    return Caches(target_kv, draft_kv), state, out

@@ -1,0 +1,263 @@
+"""The public offline API, modelled on vLLM's `LLM`: load once, then `generate` / `chat` batches of requests."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from tqdm.auto import tqdm
+
+from jaxspec.config import EngineConfig, SpeculativeConfig
+from jaxspec.engine.llm_engine import LLMEngine
+from jaxspec.engine.model_runner import ModelRunner
+from jaxspec.engine.output_processor import OutputProcessor
+from jaxspec.engine.sequence import Sequence
+from jaxspec.models import eagle, llama
+from jaxspec.sampling_params import SamplingParams
+
+logger = logging.getLogger("jaxspec")
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = True
+
+
+def _default_attn_impl() -> str:
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+
+
+def _default_layer_loop() -> str:
+    return "unroll" if jax.default_backend() == "gpu" else "scan"
+
+
+def load_tokenizer(path: str | Path) -> Any | None:
+    """The model directory's tokenizer (transformers), or None when it ships none (token-id-only use)."""
+    path = Path(path)
+    for d in (path, path / "hf", path.parent / "hf"):
+        if (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists():
+            from transformers import AutoTokenizer
+            return AutoTokenizer.from_pretrained(str(d))
+    return None
+
+
+def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
+    import json
+    ids: set[int] = set()
+    for d in (path, path / "hf", path.parent / "hf"):
+        gen = d / "generation_config.json"
+        if gen.exists():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+            break
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class LLM:
+    """`LLM(model=...)` loads a converted checkpoint, an HF Llama directory, or a preset name (e.g.
+    "smollm2-135m-instruct", fetched and converted on first use)."""
+
+    def __init__(self, model: str, *, tokenizer: str | None = None, max_model_len: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, async_scheduling: bool = True,
+                 seed: int = 0, dtype: str = "auto", speculative_config: dict | None = None,
+                 page_size: int = 16, num_pages: int = 0, memory_fraction: float = 0.85,
+                 attn_impl: str = "auto", layer_loop: str = "auto", max_prefill_seqs: int = 8,
+                 load_format: str = "auto", weights: tuple | None = None, warmup: bool = True):
+        from jaxspec.convert.checkpoint import load_model
+
+        spec = SpeculativeConfig.parse(speculative_config)
+        if weights is not None:  # (Config, Weights) given directly: tests and embedding in other programs
+            target_cfg, target_w = weights
+            path = Path(model)
+        else:
+            path = self._resolve(model)
+            dtype_arg = None if dtype == "auto" else dtype
+            target_cfg, target_w = load_model(path, dtype_arg)
+        target_cfg = target_cfg.replace(
+            attn_impl=_default_attn_impl() if attn_impl == "auto" else attn_impl,
+            layer_loop=_default_layer_loop() if layer_loop == "auto" else layer_loop)
+        if load_format == "dummy":
+            target_w = llama.init(target_cfg, jax.random.key(seed))
+        self.model_config = target_cfg
+        self.tokenizer = load_tokenizer(tokenizer or path)
+        draft_cfg = draft_w = None
+        if spec is not None:
+            draft_cfg, draft_w = self._load_draft(spec, target_cfg, target_w, load_format, seed)
+        max_model_len = max_model_len or min(target_cfg.max_position_embeddings, 4096)
+        cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
+                           page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction,
+                           async_scheduling=async_scheduling, seed=seed, speculative=spec)
+        cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, target_w, draft_w)
+        if cfg.num_pages < cfg.pages_per_seq:
+            raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
+                             f"{cfg.max_model_len} ({cfg.pages_per_seq} pages of {cfg.page_size})")
+        self.engine_config = cfg
+        target_w = jax.tree.map(jnp.asarray, target_w)
+        draft_w = jax.tree.map(jnp.asarray, draft_w) if draft_w is not None else None
+        runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w)
+        # warmup=False compiles each bucket on first use instead (quicker start for tests and one-off scripts)
+        self.num_compiled = runner.warmup() if warmup else 0
+        processor = OutputProcessor(self.tokenizer, eos_token_ids(self.tokenizer, path), max_model_len)
+        self.engine = LLMEngine(cfg, runner, processor)
+        self._next_request = 0
+
+    @staticmethod
+    def _resolve(model: str) -> Path:
+        path = Path(model)
+        if path.exists():
+            return path
+        from jaxspec import presets
+        if model in presets.list_presets():
+            return presets.fetch_preset(model)
+        raise ValueError(f"model {model!r} is neither a directory nor a known preset ({presets.list_presets()})")
+
+    @staticmethod
+    def _load_draft(spec: SpeculativeConfig, target_cfg: llama.Config, target_w: llama.Weights, load_format: str,
+                    seed: int) -> tuple[eagle.EagleConfig, eagle.EagleWeights]:
+        from jaxspec.convert.eagle import load_eagle
+        draft_cfg, draft_w = load_eagle(spec.model, target_cfg, spec.method)
+        draft_cfg = draft_cfg.replace(attn_impl=target_cfg.attn_impl) if hasattr(draft_cfg, "replace") else draft_cfg
+        if load_format == "dummy":
+            draft_w = eagle.init(draft_cfg, jax.random.key(seed + 1))
+        dtype = target_cfg.jnp_dtype
+        draft_w = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, draft_w)
+        return draft_cfg, draft_w
+
+    @staticmethod
+    def _size_kv_pool(cfg: EngineConfig, tcfg: llama.Config, dcfg: eagle.EagleConfig | None, tw, dw) -> int:
+        """Pages for the pool: on an accelerator, what fits in memory_fraction of it next to the weights;
+        elsewhere, enough for every slot at max_model_len."""
+        enough = cfg.max_num_seqs * cfg.pages_per_seq + 1
+        stats = jax.devices()[0].memory_stats() or {}
+        limit = stats.get("bytes_limit")
+        if jax.default_backend() == "cpu" or not limit:
+            return enough
+        weight_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves((tw, dw)))
+        per_page = 2 * cfg.page_size * tcfg.jnp_dtype.itemsize * (
+            tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim + (dcfg.num_kv_heads * dcfg.head_dim if dcfg else 0))
+        fit = int((limit * cfg.memory_fraction - weight_bytes) // per_page)
+        return max(min(fit, enough), cfg.pages_per_seq)
+
+    # ---- requests
+
+    def _make_sequences(self, prompts, params) -> list[Sequence]:
+        """Validate every request before any runs; the ValueError names the request and the problem."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+            text, ids = self._tokenize(i, prompt)
+            try:
+                p.validate()
+            except ValueError as e:
+                raise ValueError(f"request {i}: {e}") from None
+            if p.stop and self.tokenizer is None:
+                raise ValueError(f"request {i}: stop strings need a tokenizer; this model has none")
+            if len(ids) >= self.engine_config.max_model_len:
+                raise ValueError(f"request {i}: the prompt has {len(ids)} tokens, but max_model_len="
+                                 f"{self.engine_config.max_model_len} leaves no room to generate")
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"request {i}: token ids {bad[:5]} are outside the vocabulary "
+                                 f"[0, {self.model_config.vocab_size})")
+            seed = p.seed if p.seed is not None else (self.engine_config.seed * 1_000_003 + self._next_request + i) % 2**32
+            seqs.append(Sequence(request_id=self._next_request + i, prompt_token_ids=ids, params=p, seed=seed,
+                                 prompt=text, arrival=self._next_request + i))
+        self._next_request += len(seqs)
+        return seqs
+
+    def _tokenize(self, i: int, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"request {i}: a text prompt needs a tokenizer; pass token ids instead")
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        else:
+            ids, text = [int(t) for t in prompt], None
+        if not ids:
+            raise ValueError(f"request {i}: the prompt is empty")
+        return text, ids
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for text prompts or token-id lists; outputs come back in the order of the prompts."""
+        seqs = self._make_sequences(prompts, sampling_params)
+        for seq in seqs:
+            self.engine.add(seq)
+        bar = tqdm(total=len(seqs), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
+        start = time.perf_counter()
+        done = 0
+
+        def progress(_plan) -> None:
+            nonlocal done
+            finished = sum(s.is_finished for s in seqs)
+            if finished > done:
+                bar.update(finished - done)
+                done = finished
+            elapsed = time.perf_counter() - start
+            bar.set_postfix_str(f"output: {sum(len(s.output_token_ids) for s in seqs) / max(elapsed, 1e-9):.0f} tok/s")
+
+        self.engine.run(on_commit=progress if use_tqdm else None)
+        bar.close()
+        if self.engine.k:
+            m = self.engine.spec_metrics
+            logger.info("spec decoding: mean acceptance length %.2f, per-position acceptance %s",
+                        m.mean_acceptance_length, [round(r, 3) for r in m.as_dict()["acceptance_rate_per_position"]])
+        return [self._output(s) for s in seqs]
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        text = seq.text
+        if self.tokenizer is not None and not seq.params.stop:
+            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        return RequestOutput(request_id=str(seq.request_id), prompt=seq.prompt,
+                             prompt_token_ids=seq.prompt_token_ids,
+                             outputs=[CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason,
+                                                       seq.stop_reason)])
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"}) or a list of them, through the model's chat template."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer with a chat template; this model has none")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            prompts.append({"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        outs = self.generate(prompts, sampling_params, use_tqdm)
+        for out, conv in zip(outs, conversations):
+            out.prompt = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        return outs
+
+    def get_metrics(self) -> dict:
+        """Speculative decoding counters and step timing since the LLM was built."""
+        t = self.engine.times
+        return {**self.engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "host_wait_s": t.host_wait_s,
+                "wall_s": t.wall_s, "num_preemptions": self.engine.scheduler.num_preemptions,
+                "num_compiled": self.num_compiled}
