@@ -103,20 +103,21 @@ def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch
 
 
 def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
-                           q_pos: jax.Array) -> jax.Array:
+                           q_pos: jax.Array, interpret: bool = False) -> jax.Array:
     """GPU kernel: flatten [B, T] queries to B*T rows, each attending to its first (position + 1) tokens."""
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     B, T, H, D = q.shape
-    pages = batch.block_tables.shape[1]
     block_tables = batch.token_block_tables(B, T)  # [B*T, pages]
+    pages = block_tables.shape[1]  # [B*T, pages]
     lengths = jnp.maximum(q_pos.reshape(-1) + 1, 1).astype(jnp.int32)
     per_block = min(8, pages)
     splits = max(1, pages // per_block)
     while pages % splits or (pages // splits) % per_block:
         splits -= 1
     out = paged_attention((q.reshape(B * T, H, D) / jnp.sqrt(D).astype(q.dtype)), kv.k[layer], kv.v[layer],
-                          block_tables, lengths, pages_per_compute_block=per_block, k_splits=splits)
+                          block_tables, lengths, pages_per_compute_block=per_block, k_splits=splits,
+                          interpret=interpret)
     return out.reshape(B, T, H, D)
 
 
@@ -129,8 +130,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KV
     """
     if kv is None:
         return dense_attention(q, k, v, q_pos, q_pos)
-    if impl == "pallas":
-        return paged_attention_pallas(q, kv, layer, batch, q_pos)
+    if impl in ("pallas", "pallas-interpret"):  # the interpreter runs the kernel on CPU, for tests
+        return paged_attention_pallas(q, kv, layer, batch, q_pos, interpret=impl == "pallas-interpret")
     if impl == "xla":
         return paged_attention_xla(q, kv, layer, batch, q_pos)
-    raise ValueError(f"unknown attention implementation {impl!r} (expected 'xla' or 'pallas')")
+    raise ValueError(f"unknown attention implementation {impl!r} (expected 'xla', 'pallas' or 'pallas-interpret')")

@@ -147,6 +147,7 @@ def abstract(cfg: Config) -> Weights:
     )
 
 
+@partial(jax.jit, static_argnames=("scale",))  # one program instead of one per weight shape
 def init(cfg: Config, key: jax.Array, scale: float = 0.02) -> Weights:
     """Random weights of the right shapes (tests and `--load-format dummy` benchmarks); norms start at one."""
     shapes = abstract(cfg)

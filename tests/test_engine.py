@@ -1,0 +1,181 @@
+"""The engine with plain decoding (k = 0) against a full-sequence greedy loop, and its scheduling guarantees."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxspec import LLM, SamplingParams
+from tests.tiny import CHARS, TINY, greedy_reference, random_prompts, tiny_weights, write_char_tokenizer
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return tiny_weights()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(16, 1, 60, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(weights, prompts):
+    return [greedy_reference(weights, TINY, p, GREEDY.max_tokens) for p in prompts]
+
+
+def make_llm(weights, path="tiny", **kw) -> LLM:
+    args = dict(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64, page_size=8, warmup=False)
+    return LLM(str(path), weights=(TINY, weights), **{**args, **kw})
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "chunked", "preempt"])
+def test_greedy_equals_full_sequence_loop(weights, prompts, reference, mode):
+    kw = {"async_scheduling": mode != "sync"}
+    if mode == "chunked":
+        kw |= {"max_num_batched_tokens": 16, "max_prefill_seqs": 2}  # prompts up to 60 tokens: 4+ chunks
+    if mode == "preempt":
+        kw |= {"num_pages": 20}  # 16 pages hold one 128-token sequence; 8 slots cannot all fit
+    llm = make_llm(weights, **kw)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    if mode == "preempt":
+        assert llm.get_metrics()["num_preemptions"] > 0
+    assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+
+
+def test_seeded_sampling_is_independent_of_mode_and_batch(weights, prompts):
+    params = [SamplingParams(temperature=1.0, top_k=[0, 20][i % 2], top_p=[1.0, 0.8][i // 2 % 2], seed=100 + i,
+                             max_tokens=12, ignore_eos=True) for i in range(len(prompts))]
+    runs = {}
+    for mode in (True, False):
+        llm = make_llm(weights, async_scheduling=mode)
+        runs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert runs[True] == runs[False]
+    alone = make_llm(weights).generate(prompts[3], params[3], use_tqdm=False)[0].outputs[0].token_ids
+    assert alone == runs[True][3]
+    assert len({tuple(r) for r in runs[True]}) > 1  # really random: different seeds give different outputs
+
+
+@pytest.fixture(scope="module")
+def char_model(tmp_path_factory, weights, prompts):
+    """A model dir with the character tokenizer; returns (path, greedy tokens of prompt 0 without stops)."""
+    path = write_char_tokenizer(tmp_path_factory.mktemp("charmodel"))
+    llm = make_llm(weights, path)
+    ref = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0].token_ids
+    return path, ref
+
+
+def _first_repeat_free_index(ref: list[int], start: int) -> int:
+    """An index j >= start whose token does not occur before it (so it is the first stop there)."""
+    return next(j for j in range(start, len(ref)) if ref[j] not in ref[:j])
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_stop_rules_truncate_exactly(weights, prompts, char_model, async_scheduling):
+    path, ref = char_model
+    llm = make_llm(weights, path, async_scheduling=async_scheduling)
+    run = lambda p: llm.generate([prompts[0]], p, use_tqdm=False)[0].outputs[0]  # noqa: E731
+
+    out = run(SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))
+    assert out.token_ids == ref[:7] and out.finish_reason == "length"
+
+    j = _first_repeat_free_index(ref, 5)
+    out = run(SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[ref[j]]))
+    assert out.token_ids == ref[:j + 1] and out.finish_reason == "stop" and out.stop_reason == ref[j]
+
+    # a two-character stop string whose characters come from consecutive tokens, i.e. from two steps
+    text = "".join(CHARS[t] for t in ref)
+    a = 10
+    stop = text[a:a + 2]
+    first = text.find(stop)
+    out = run(SamplingParams(temperature=0, max_tokens=40, stop=[stop]))
+    assert out.text == text[:first] and out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.token_ids == ref[:first + 2]
+
+
+def test_eos_stops_exactly(weights, prompts, char_model, tmp_path):
+    _, ref = char_model
+    j = _first_repeat_free_index(ref, 4)
+    llm = make_llm(weights, write_char_tokenizer(tmp_path / "eos", eos_token_id=ref[j]))
+    out = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ref[:j + 1] and out.finish_reason == "stop"
+    out = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ref[:40]
+
+
+def test_two_thousand_requests_complete_and_free_every_page(weights):
+    llm = make_llm(weights, max_num_seqs=32, num_pages=160, max_num_batched_tokens=64)
+    rng = np.random.default_rng(7)
+    prompts = random_prompts(2000, 1, 12, seed=3)
+    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(1, 9)), ignore_eos=True) for _ in prompts]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert len(outs) == 2000
+    assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+    assert sorted(llm.engine.scheduler.free_slots) == list(range(32))
+    assert not llm.engine.scheduler.has_unfinished()
+
+
+def test_no_compilation_during_generation(weights, prompts):
+    llm = make_llm(weights, warmup=True, max_num_seqs=4, max_num_batched_tokens=32)
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9)
+                  for i in range(len(prompts))]
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    assert llm.num_compiled == 3 * (len(llm.engine_config.decode_buckets) + len(llm.engine_config.prefill_buckets))
+
+
+def test_async_dispatches_next_step_before_reading_previous(weights, prompts):
+    llm = make_llm(weights)
+    llm.engine.trace = []
+    llm.generate(prompts[:4], GREEDY, use_tqdm=False)
+    trace = llm.engine.trace
+    for event, step in trace:
+        if event == "fetch":
+            later = [s for e, s in trace[:trace.index((event, step))] if e == "dispatch"]
+            assert step + 1 in later or step == max(s for e, s in trace if e == "dispatch")
+    sync = make_llm(weights, async_scheduling=False)
+    sync.engine.trace = []
+    sync.generate(prompts[:4], GREEDY, use_tqdm=False)
+    assert sync.engine.trace == [(e, s) for s in range(len(sync.engine.trace) // 2) for e in ("dispatch", "fetch")]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(prompt=list(range(128))), "max_model_len"),
+    (dict(params=SamplingParams(max_tokens=0)), "max_tokens"),
+    (dict(params=SamplingParams(temperature=-1.0)), "temperature"),
+    (dict(params=SamplingParams(top_p=0.0)), "top_p"),
+    (dict(params=SamplingParams(top_p=1.5)), "top_p"),
+    (dict(prompt=[]), "empty"),
+    (dict(prompt=[5, 500]), "vocabulary"),
+])
+def test_bad_input_is_rejected_before_anything_runs(weights, prompts, reference, bad, message):
+    llm = make_llm(weights)
+    batch = [prompts[0], bad.get("prompt", prompts[1]), prompts[2]]
+    params = [GREEDY, bad.get("params", GREEDY), GREEDY]
+    with pytest.raises(ValueError, match=message) as err:
+        llm.generate(batch, params, use_tqdm=False)
+    assert "request 1" in str(err.value)
+    assert not llm.engine.scheduler.has_unfinished()
+    outs = llm.generate([prompts[0], prompts[2]], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [reference[0], reference[2]]
+
+
+def test_pallas_kernel_equals_xla_reference(weights, prompts, reference):
+    llm = make_llm(weights, attn_impl="pallas-interpret", max_num_seqs=4)
+    outs = llm.generate(prompts[:4], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[:4]

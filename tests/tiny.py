@@ -1,0 +1,61 @@
+"""Tiny models and a character tokenizer, made by the tests themselves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxspec.models import llama
+
+TINY = llama.Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                    num_kv_heads=2, head_dim=16)
+# Token i decodes to one character, so a stop string can be placed exactly across token (and step) boundaries.
+CHARS = [chr(ord("a") + i) for i in range(26)] + [chr(ord("A") + i) for i in range(26)] + \
+        [chr(0x3b1 + i) for i in range(24)] + [chr(0x410 + i) for i in range(52)]
+
+
+def tiny_weights(seed: int = 0, cfg: llama.Config = TINY) -> llama.Weights:
+    return llama.init(cfg, jax.random.key(seed), scale=0.2)
+
+
+def write_char_tokenizer(path: Path, eos_token_id: int | None = None) -> Path:
+    """A tokenizer.json whose vocabulary is CHARS (no merges, no spaces) plus a generation_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(CHARS)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_token_id}))
+    return path
+
+
+def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab: int = TINY.vocab_size) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]
+
+
+def greedy_reference(w: llama.Weights, cfg: llama.Config, prompt: list[int], n: int, width: int = 128) -> list[int]:
+    """The oracle: a plain full-sequence greedy loop (dense causal attention, no cache, no engine). The sequence is
+    padded at the end to a fixed width, which causal attention never lets earlier positions see: one compile."""
+    ids = list(prompt)
+    for _ in range(n):
+        padded = np.zeros((1, width), np.int32)
+        padded[0, :len(ids)] = ids
+        ids.append(int(np.argmax(_last_logits(w, cfg, padded, len(ids) - 1))))
+    return ids[len(prompt):]
+
+
+@jax.jit
+def _logits_all(w, cfg, ids):
+    hidden, _, _ = llama.forward(w, cfg, ids, np.arange(ids.shape[1])[None])
+    return llama.lm_head(w, hidden)
+
+
+def _last_logits(w, cfg, padded, at):
+    return np.asarray(_logits_all(w, cfg, padded))[0, at]
