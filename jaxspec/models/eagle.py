@@ -1,0 +1,238 @@
+"""EAGLE-1 and EAGLE-3 draft heads: one Llama layer that predicts the target's next feature, as pure functions.
+
+Both heads read the token *after* each position together with the target's feature *at* that position
+(`tokens[t] = x_{t+1}`, `hidden[t] = f_t`), and their output `out[t]` is a guess of the next feature, from which the
+draft logits for x_{t+2} come. Drafting k tokens is one pass over the verified positions, then single-token passes
+that feed `out` back as `hidden`.
+
+- EAGLE-1 (Li et al. 2024, `yuhuili/EAGLE-*`): `x = fc(cat([embed(x_{t+1}), f_t]))`, then one Llama layer without
+  its input norm; logits = the target's lm_head(out), no extra norm. `f_t` is the target's last hidden state after
+  its final norm, or the head's own previous `out`: fc runs either way.
+- EAGLE-3 (Li et al. 2025, SpecForge export): `h = fc(cat(aux features))` only when the features come from the
+  target (low, middle, high layer inputs, [3H]); the head's own previous `out` ([H], pre-norm) is used as `h`
+  directly. Attention reads `cat([input_norm(embed), hidden_norm(h)])` (2H wide) with `h` as the residual; the
+  logits are `lm_head(final_norm(out))` over a smaller draft vocabulary, mapped back with `d2t`.
+
+The head's KV cache is a one-layer `KVCache` (L = 1, layer index 0) with the target's paging semantics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.models import llama
+from jaxspec.models.attention import AttnBatch, KVCache
+
+METHODS = ("eagle", "eagle3")
+
+
+def default_aux_layers(num_target_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's feature layers: the inputs of layers 2, L//2 and L-3 of the target (as EAGLE-3, sglang, vLLM)."""
+    L = num_target_layers
+    return (2, L // 2, L - 3)
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class EagleConfig:
+    method: str  # "eagle" (EAGLE-1) or "eagle3"
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int  # EAGLE-3's reduced vocabulary; = vocab_size for EAGLE-1
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # as llama.Config
+    # EAGLE-3: target layers whose *inputs* are concatenated, ascending (llama.forward's `aux_layers`).
+    aux_layers: tuple[int, ...] = ()
+    fc_bias: bool = False  # older EAGLE-1 heads have a bias on fc
+    own_embed: bool = False  # the head ships its own embedding; otherwise the target's is used
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"
+    attn_impl: str = "xla"  # copied from the target's config by the caller
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown EAGLE method {self.method!r} (expected one of {METHODS})")
+        if self.method == "eagle" and self.draft_vocab_size != self.vocab_size:
+            raise ValueError("EAGLE-1 drafts over the target's vocabulary: draft_vocab_size must equal vocab_size")
+        if self.method == "eagle3":
+            if not self.aux_layers:
+                raise ValueError("EAGLE-3 needs aux_layers (the target layers whose inputs it reads)")
+            if list(self.aux_layers) != sorted(set(self.aux_layers)):
+                # llama.forward concatenates features in layer order, so fc's column blocks must be ascending.
+                raise ValueError(f"aux_layers must be strictly increasing, got {self.aux_layers}")
+
+    @property
+    def fc_in(self) -> int:
+        return 2 * self.hidden_size if self.method == "eagle" else len(self.aux_layers) * self.hidden_size
+
+    @property
+    def attn_in(self) -> int:
+        """Width of the attention input: EAGLE-3 attends over cat([normed embed, normed h])."""
+        return self.hidden_size if self.method == "eagle" else 2 * self.hidden_size
+
+    @property
+    def feature_size(self) -> int:
+        """Width of `hidden` when it comes from the target (`from_target=True`)."""
+        return self.hidden_size if self.method == "eagle" else self.fc_in
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    def replace(self, **changes: Any) -> "EagleConfig":
+        return dataclasses.replace(self, **changes)
+
+    def layer_config(self) -> llama.Config:
+        """A one-layer llama.Config, so the head reuses llama's attention, RoPE and KV-cache code."""
+        return llama.Config(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_layers=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+            max_position_embeddings=self.max_position_embeddings, dtype=self.dtype, attn_impl=self.attn_impl)
+
+    @classmethod
+    def from_target(cls, target: llama.Config, method: str, draft_vocab_size: int | None = None,
+                    aux_layers: tuple[int, ...] | None = None, **changes: Any) -> "EagleConfig":
+        """A head shaped like one layer of `target` (what training a new head starts from)."""
+        if method == "eagle3":
+            aux_layers = tuple(aux_layers) if aux_layers is not None else default_aux_layers(target.num_layers)
+        return cls(method=method, hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+                   num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                   vocab_size=target.vocab_size, draft_vocab_size=draft_vocab_size or target.vocab_size,
+                   rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+                   aux_layers=aux_layers if method == "eagle3" else (),
+                   max_position_embeddings=target.max_position_embeddings, dtype=target.dtype,
+                   attn_impl=target.attn_impl, **changes)
+
+
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["fc", "fc_bias", "embed", "input_norm", "hidden_norm", "wqkv", "wo", "mlp_norm", "w_gate_up",
+                      "w_down", "final_norm", "lm_head", "d2t"], meta_fields=[])
+@dataclass
+class EagleWeights:
+    fc: jax.Array  # [fc_in, H]: EAGLE-1 fc_in = 2H (embed, feature); EAGLE-3 fc_in = 3H (aux features)
+    fc_bias: jax.Array | None  # [H]
+    embed: jax.Array | None  # [V, H]; None = the target's embedding
+    input_norm: jax.Array | None  # [H] EAGLE-3 only: input_layernorm over the token embedding
+    hidden_norm: jax.Array | None  # [H] EAGLE-3 only: over h
+    wqkv: jax.Array  # [attn_in, (heads + 2 * kv_heads) * head_dim]; attn_in = H (EAGLE-1) or 2H (EAGLE-3)
+    wo: jax.Array  # [heads * head_dim, H]
+    mlp_norm: jax.Array  # [H] post_attention_layernorm
+    w_gate_up: jax.Array  # [H, 2 * I]
+    w_down: jax.Array  # [I, H]
+    final_norm: jax.Array | None  # [H] EAGLE-3 only
+    lm_head: jax.Array | None  # [H, draft_V] EAGLE-3 only (EAGLE-1 uses the target's lm_head)
+    d2t: jax.Array | None  # [draft_V] int32 EAGLE-3 only: target id = draft id + d2t[draft id]
+
+
+def abstract(cfg: EagleConfig) -> EagleWeights:
+    """Shapes and dtypes of every weight: what the converter checks against and `init` fills."""
+    H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
+    q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    s = lambda *shape: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype)  # noqa: E731
+    e3 = cfg.method == "eagle3"
+    return EagleWeights(
+        fc=s(cfg.fc_in, H), fc_bias=s(H) if cfg.fc_bias else None, embed=s(V, H) if cfg.own_embed else None,
+        input_norm=s(H) if e3 else None, hidden_norm=s(H) if e3 else None,
+        wqkv=s(cfg.attn_in, q_size + 2 * kv_size), wo=s(q_size, H), mlp_norm=s(H),
+        w_gate_up=s(H, 2 * I), w_down=s(I, H),
+        final_norm=s(H) if e3 else None, lm_head=s(H, Vd) if e3 else None,
+        d2t=jax.ShapeDtypeStruct((Vd,), jnp.int32) if e3 else None,
+    )
+
+
+def init(cfg: EagleConfig, key: jax.Array, scale: float = 0.02) -> EagleWeights:
+    """Random head (tests, benchmarks, training start); norms at one, d2t a random sorted subset of the vocab."""
+    shapes = abstract(cfg)
+    leaves, treedef = jax.tree.flatten(shapes)
+    keys = jax.random.split(key, len(leaves) + 1)
+    arrays = [(scale * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype) for k, x in zip(keys, leaves)]
+    w = jax.tree.unflatten(treedef, arrays)
+    w.mlp_norm = jnp.ones_like(w.mlp_norm)
+    if cfg.method == "eagle3":
+        w.input_norm, w.hidden_norm, w.final_norm = (
+            jnp.ones_like(w.input_norm), jnp.ones_like(w.hidden_norm), jnp.ones_like(w.final_norm))
+        hot = jnp.sort(jax.random.choice(keys[-1], cfg.vocab_size, (cfg.draft_vocab_size,), replace=False))
+        w.d2t = (hot - jnp.arange(cfg.draft_vocab_size)).astype(jnp.int32)
+    return w
+
+
+def _fc(w: EagleWeights, x: jax.Array) -> jax.Array:
+    y = x.astype(w.fc.dtype) @ w.fc  # [B, T, fc_in] -> [B, T, H]
+    return y if w.fc_bias is None else y + w.fc_bias
+
+
+def forward(w: EagleWeights, cfg: EagleConfig, target_embed: jax.Array, tokens: jax.Array, hidden: jax.Array,
+            positions: jax.Array, kv: KVCache | None = None, batch: AttnBatch | None = None,
+            from_target: bool = True) -> tuple[jax.Array, KVCache | None]:
+    """One draft pass. tokens, positions: [B, T]; hidden: [B, T, feature_size] when `from_target` else [B, T, H].
+
+    `tokens[t]` is the token after the one whose feature is `hidden[t]`. Returns (out [B, T, H], kv): `out` feeds
+    `draft_logits` and is the `hidden` of the next single-token pass (with from_target=False). With `kv` (one
+    layer) the chunk's K/V are written at `batch.slot_mapping` and each query sees cached positions up to its own;
+    without it attention is dense and causal over the given tokens (training and tests).
+    `from_target` is static: it only matters to EAGLE-3 (EAGLE-1 applies fc to either kind of hidden).
+    """
+    lcfg = cfg.layer_config()
+    want = cfg.feature_size if from_target else cfg.hidden_size
+    if hidden.shape[-1] != want:
+        raise ValueError(f"{cfg.method} head: hidden has width {hidden.shape[-1]}, expected {want} "
+                         f"(from_target={from_target})")
+    eps = cfg.rms_norm_eps
+    embed = (target_embed if w.embed is None else w.embed)[tokens].astype(w.wqkv.dtype)  # [B, T, H]
+    if cfg.method == "eagle":
+        x = _fc(w, jnp.concatenate([embed, hidden.astype(embed.dtype)], axis=-1))  # [B, T, H]
+        residual, attn_in = x, x  # EAGLE-1's layer 0 has no input norm
+    else:
+        h = _fc(w, hidden) if from_target else hidden.astype(w.wqkv.dtype)  # [B, T, H]
+        attn_in = jnp.concatenate([llama.rms_norm(embed, w.input_norm, eps),
+                                   llama.rms_norm(h, w.hidden_norm, eps)], axis=-1)  # [B, T, 2H]
+        residual = h
+    a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, llama.rope_inv_freq(lcfg), kv, 0, batch)
+    x = residual + a
+    x = x + llama.mlp(llama.rms_norm(x, w.mlp_norm, eps), w.w_gate_up, w.w_down)
+    return x, kv
+
+
+def draft_logits(w: EagleWeights, cfg: EagleConfig, target_weights: llama.Weights, out: jax.Array) -> jax.Array:
+    """fp32 logits [B, T, draft_V] from `out` [B, T, H]: the target's lm_head (EAGLE-1) or the head's own."""
+    if cfg.method == "eagle":
+        return llama.lm_head(target_weights, out.astype(target_weights.embed.dtype))
+    return (llama.rms_norm(out, w.final_norm, cfg.rms_norm_eps) @ w.lm_head).astype(jnp.float32)
+
+
+def to_target_ids(w: EagleWeights, cfg: EagleConfig, draft_ids: jax.Array) -> jax.Array:
+    """Draft-vocabulary ids -> target ids (identity for EAGLE-1)."""
+    if cfg.method == "eagle":
+        return draft_ids.astype(jnp.int32)
+    return (draft_ids + w.d2t[draft_ids]).astype(jnp.int32)
+
+
+def draft_tokens(w: EagleWeights, cfg: EagleConfig, target_weights: llama.Weights, out: jax.Array) -> jax.Array:
+    """Greedy drafts [B, T] int32 in the target's vocabulary (EAGLE drafts greedily; see DESIGN "Sampling")."""
+    ids = jnp.argmax(draft_logits(w, cfg, target_weights, out), axis=-1)
+    return to_target_ids(w, cfg, ids)
+
+
+def target_features(cfg: EagleConfig, hidden: jax.Array, aux: jax.Array | None) -> jax.Array:
+    """Pick what the head reads from llama.forward's (hidden, aux): EAGLE-1 the normed last hidden, EAGLE-3 aux.
+
+    Run the target with `aux_layers=cfg.aux_layers` for EAGLE-3.
+    """
+    if cfg.method == "eagle":
+        return hidden
+    if aux is None or aux.shape[-1] != cfg.feature_size:
+        raise ValueError(f"EAGLE-3 needs the target's aux features [.., {cfg.feature_size}]: run llama.forward "
+                         f"with aux_layers={cfg.aux_layers}")
+    return aux
