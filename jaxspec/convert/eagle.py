@@ -21,8 +21,9 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
+from jaxspec.convert.tensors import read_safetensors
 from jaxspec.models import llama
 from jaxspec.models.eagle import EagleConfig, EagleWeights, abstract, default_aux_layers
 
@@ -62,7 +63,7 @@ def _hf_shapes(cfg: EagleConfig) -> dict[str, tuple[int, ...]]:
 def _read_tensors(path: str) -> tuple[str, dict[str, np.ndarray]]:
     st, pt = os.path.join(path, SAFETENSORS), os.path.join(path, TORCH_BIN)
     if os.path.exists(st):
-        return st, load_file(st)
+        return st, dict(read_safetensors(st))
     if os.path.exists(pt):
         from jaxspec.convert.torch_bin import load_torch_bin
         return pt, load_torch_bin(pt)

@@ -1,0 +1,178 @@
+"""GGUF (llama.cpp) Llama file -> Hugging Face Llama directory, to reach models that ship only that way.
+
+Tensors are dequantized to fp32 (exact: every GGML block format is a scale and offset over small integers) and
+renamed to HF names; llama.cpp's row permutation of q_proj and k_proj is undone. The config comes from the
+`llama.*` metadata, the tokenizer and chat template through transformers' own GGUF tokenizer import.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from jaxspec.convert.hf_llama import layer_slots, save_hf_llama, weights_from_hf
+from jaxspec.convert.tensors import Tensor
+from jaxspec.models import llama
+from jaxspec.models.llama import Config
+
+GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
+# llama.cpp stores Llama 3 rope scaling as per-frequency divisors in this tensor, not as metadata. Every
+# released Llama 3.x uses these three values (only `factor` varies); we check the divisors match them.
+ROPE_FREQS = "rope_freqs.weight"
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192.0}
+_REQUIRED = object()
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`: w.reshape(n_head, 2, d/2, in).swapaxes(1, 2) (interleaved RoPE pairs)
+    back to HF's rotate-half row order."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader: GGUFReader, path: Path, key: str, default: Any = _REQUIRED) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if default is _REQUIRED:
+            raise ValueError(f"{path}: metadata field {key!r} is missing")
+        return default
+    return f.contents()
+
+
+def _f32(x: float) -> float:
+    """GGUF stores floats as fp32: give back the short decimal (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _open(path: Path) -> GGUFReader:
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError, IndexError) as e:
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+    arch = _field(reader, path, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
+    return reader
+
+
+def hf_config(reader: GGUFReader, path: Path) -> dict:
+    """The HF `config.json` dict the `llama.*` metadata describes (rope scaling is added from the tensors)."""
+    def get(key: str, default: Any = _REQUIRED) -> Any:
+        return _field(reader, path, f"llama.{key}", default)
+
+    if get("expert_count", 0):
+        raise ValueError(f"{path}: llama.expert_count is set; mixture-of-experts models are not supported")
+    scaling = get("rope.scaling.type", "none")
+    if scaling != "none":
+        raise ValueError(f"{path}: llama.rope.scaling.type {scaling!r} is not supported")
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if int(get(key, head_dim)) != head_dim:
+            raise ValueError(f"{path}: llama.{key} = {get(key)} differs from the head size {head_dim}")
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": int(embed.shape[1]), "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": head_dim, "rms_norm_eps": _f32(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(get("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(get("context_length", 2048)),
+        "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
+    }
+
+
+def llama3_rope_scaling(cfg: Config, divisors: np.ndarray, path: Path) -> dict | None:
+    """Recover HF's llama3 `rope_scaling` from llama.cpp's `rope_freqs` divisors, checking it reproduces them."""
+    factor = float(divisors.max())
+    if factor == 1.0:
+        return None
+    scaling = {"rope_type": "llama3", "factor": factor, **LLAMA3_ROPE}
+    scaled = cfg.replace(rope_scaling=tuple((k, scaling[k]) for k in (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")))
+    expected = llama.rope_inv_freq(cfg) / llama.rope_inv_freq(scaled)
+    if divisors.shape != expected.shape or not np.allclose(divisors, expected, rtol=1e-5):
+        raise ValueError(f"{path}: tensor {ROPE_FREQS!r} is not Llama 3 rope scaling with factor {factor} and "
+                         f"{LLAMA3_ROPE}")
+    return scaling
+
+
+def read_tensors(reader: GGUFReader, cfg: Config, path: Path) -> dict[str, Tensor]:
+    """Every weight dequantized to fp32 under its HF name, q/k rows back in HF order."""
+    out = {}
+    for t in reader.tensors:
+        m = LAYER_TENSOR.fullmatch(t.name)
+        if t.name in GLOBAL_NAMES:
+            name = GLOBAL_NAMES[t.name]
+        elif m and m[2] in LAYER_NAMES:
+            name = f"model.layers.{m[1]}.{LAYER_NAMES[m[2]]}"
+        elif t.name == ROPE_FREQS:
+            continue
+        else:
+            raise ValueError(f"{path}: unexpected tensor {t.name!r} for a Llama model")
+        try:
+            w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(tuple(reversed(t.shape.tolist())))
+        except (NotImplementedError, ValueError) as e:
+            raise ValueError(f"{path}: cannot dequantize tensor {t.name!r} ({t.tensor_type.name}): {e}") from None
+        if m and m[2] in ("attn_q.weight", "attn_k.weight"):
+            heads = cfg.num_heads if m[2] == "attn_q.weight" else cfg.num_kv_heads
+            shape = layer_slots(cfg)[LAYER_NAMES[m[2]]][2]
+            if w.shape != shape:
+                raise ValueError(f"{path}: tensor {t.name!r} has shape {w.shape}, the metadata implies {shape}")
+            w = unpermute_qk(w, heads)
+        out[name] = Tensor(w, path)
+    return out
+
+
+def token_ids(reader: GGUFReader, path: Path) -> dict:
+    """bos/eos/pad ids for config.json and generation_config.json (only those the file sets)."""
+    ids = {}
+    for hf_key, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                        ("pad_token_id", "padding_token_id")):
+        value = _field(reader, path, f"tokenizer.ggml.{key}", None)
+        if value is not None:
+            ids[hf_key] = int(value)
+    return ids
+
+
+def save_tokenizer(path: Path, out_dir: Path) -> None:
+    """transformers rebuilds the fast tokenizer (and chat template) from the GGUF's `tokenizer.*` metadata."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out_dir)
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+    """Write an HF Llama directory (config, weights, tokenizer, generation config) for a GGUF file."""
+    path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+    reader = _open(path)
+    hf = hf_config(reader, path)
+    cfg = Config.from_hf(hf, dtype=dtype, source=str(path))
+    rope_freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if rope_freqs is not None:
+        hf["rope_scaling"] = llama3_rope_scaling(cfg, dequantize(rope_freqs.data, rope_freqs.tensor_type), path)
+        cfg = Config.from_hf(hf, dtype=dtype, source=str(path))
+    _field(reader, path, "tokenizer.ggml.model")  # fail before writing anything if the tokenizer is absent
+    weights = weights_from_hf(cfg, read_tensors(reader, cfg, path), path)
+    ids = token_ids(reader, path)
+    save_hf_llama(cfg, weights, out_dir, extra_config=ids)
+    (out_dir / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    save_tokenizer(path, out_dir)
+    return out_dir

