@@ -61,9 +61,14 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self.max_prefill_seqs = min(self.max_prefill_seqs, self.max_num_seqs)
-        self.decode_buckets = self.decode_buckets or buckets_up_to(self.max_num_seqs)
-        self.prefill_buckets = self.prefill_buckets or buckets_up_to(self.max_num_batched_tokens,
-                                                                    min(16, self.max_num_batched_tokens))
+        self.decode_buckets = sorted(self.decode_buckets or buckets_up_to(self.max_num_seqs))
+        self.prefill_buckets = sorted(self.prefill_buckets or buckets_up_to(self.max_num_batched_tokens,
+                                                                           min(16, self.max_num_batched_tokens)))
+        if self.decode_buckets[-1] < self.max_num_seqs:
+            raise ValueError(f"decode_buckets {self.decode_buckets} must reach max_num_seqs={self.max_num_seqs}")
+        if self.prefill_buckets[-1] < self.max_num_batched_tokens:
+            raise ValueError(f"prefill_buckets {self.prefill_buckets} must reach max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens}")
 
     @property
     def num_speculative_tokens(self) -> int:

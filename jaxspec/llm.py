@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -46,6 +47,11 @@ def _default_attn_impl() -> str:
     return "pallas" if jax.default_backend() == "gpu" else "xla"
 
 
+def _default_dtype() -> str | None:
+    """bf16 on an accelerator (as the checkpoints' torch_dtype says for Llama models); the stored dtype elsewhere."""
+    return "bfloat16" if jax.default_backend() == "gpu" else None
+
+
 def _default_layer_loop() -> str:
     return "unroll" if jax.default_backend() == "gpu" else "scan"
 
@@ -83,17 +89,21 @@ class LLM:
                  seed: int = 0, dtype: str = "auto", speculative_config: dict | None = None,
                  page_size: int = 16, num_pages: int = 0, memory_fraction: float = 0.85,
                  attn_impl: str = "auto", layer_loop: str = "auto", max_prefill_seqs: int = 8,
-                 load_format: str = "auto", weights: tuple | None = None, warmup: bool = True):
+                 load_format: str = "auto", weights: tuple | None = None, warmup: bool = True,
+                 synthetic_acceptance: float | None = None, decode_buckets: list[int] | None = None,
+                 prefill_buckets: list[int] | None = None):
         from jaxspec.convert.checkpoint import load_model
 
         spec = SpeculativeConfig.parse(speculative_config)
         if weights is not None:  # (Config, Weights) given directly: tests and embedding in other programs
             target_cfg, target_w = weights
             path = Path(model)
+        elif load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
+            path = Path(model)
+            target_cfg = self._dummy_config(path, dtype)
         else:
             path = self._resolve(model)
-            dtype_arg = None if dtype == "auto" else dtype
-            target_cfg, target_w = load_model(path, dtype_arg)
+            target_cfg, target_w = load_model(path, _default_dtype() if dtype == "auto" else dtype)
         target_cfg = target_cfg.replace(
             attn_impl=_default_attn_impl() if attn_impl == "auto" else attn_impl,
             layer_loop=_default_layer_loop() if layer_loop == "auto" else layer_loop)
@@ -108,7 +118,8 @@ class LLM:
         cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction,
-                           async_scheduling=async_scheduling, seed=seed, speculative=spec)
+                           async_scheduling=async_scheduling, seed=seed, speculative=spec,
+                           decode_buckets=decode_buckets or [], prefill_buckets=prefill_buckets or [])
         cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, target_w, draft_w)
         if cfg.num_pages < cfg.pages_per_seq:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
@@ -116,7 +127,9 @@ class LLM:
         self.engine_config = cfg
         target_w = jax.tree.map(jnp.asarray, target_w)
         draft_w = jax.tree.map(jnp.asarray, draft_w) if draft_w is not None else None
-        runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w)
+        if synthetic_acceptance is not None and (spec is None or load_format != "dummy"):
+            raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance)
         # warmup=False compiles each bucket on first use instead (quicker start for tests and one-off scripts)
         self.num_compiled = runner.warmup() if warmup else 0
         processor = OutputProcessor(self.tokenizer, eos_token_ids(self.tokenizer, path), max_model_len)
@@ -134,15 +147,30 @@ class LLM:
         raise ValueError(f"model {model!r} is neither a directory nor a known preset ({presets.list_presets()})")
 
     @staticmethod
+    def _dummy_config(path: Path, dtype: str) -> llama.Config:
+        """The shape of a model from its config.json alone (a directory or the file itself)."""
+        config_file = path / "config.json" if path.is_dir() else path
+        if not config_file.exists():
+            raise ValueError(f"{config_file}: load_format='dummy' needs a config.json to take the shape from")
+        hf = json.loads(config_file.read_text())
+        if dtype == "auto":
+            stored = hf.get("dtype", hf.get("torch_dtype", "bfloat16"))  # transformers 5 writes "dtype"
+            dtype = {"bfloat16": "bfloat16", "float16": "bfloat16"}.get(stored, "float32")
+        return llama.Config.from_hf(hf, dtype=dtype, source=str(config_file))
+
+    @staticmethod
     def _load_draft(spec: SpeculativeConfig, target_cfg: llama.Config, target_w: llama.Weights, load_format: str,
                     seed: int) -> tuple[eagle.EagleConfig, eagle.EagleWeights]:
         from jaxspec.convert.eagle import load_eagle
-        draft_cfg, draft_w = load_eagle(spec.model, target_cfg, spec.method)
-        draft_cfg = draft_cfg.replace(attn_impl=target_cfg.attn_impl) if hasattr(draft_cfg, "replace") else draft_cfg
-        if load_format == "dummy":
+        if load_format == "dummy":  # a head shaped like one target layer, random weights
+            draft_cfg = eagle.EagleConfig.from_target(target_cfg, spec.method)
             draft_w = eagle.init(draft_cfg, jax.random.key(seed + 1))
+        else:
+            draft_cfg, draft_w = load_eagle(spec.model, target_cfg, spec.method)
+        draft_cfg = draft_cfg.replace(attn_impl=target_cfg.attn_impl, dtype=target_cfg.dtype)
         dtype = target_cfg.jnp_dtype
-        draft_w = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, draft_w)
+        draft_w = jax.tree.map(lambda a: jnp.asarray(a).astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                               else jnp.asarray(a), draft_w)
         return draft_cfg, draft_w
 
     @staticmethod

@@ -29,14 +29,16 @@ def pick_bucket(buckets: list[int], n: int) -> int:
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, target_cfg: llama.Config, target_weights: llama.Weights,
-                 draft_cfg: eagle.EagleConfig | None = None, draft_weights: eagle.EagleWeights | None = None):
+                 draft_cfg: eagle.EagleConfig | None = None, draft_weights: eagle.EagleWeights | None = None,
+                 synthetic_acceptance: float | None = None):
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
-                             page_size=cfg.page_size, max_model_len=cfg.max_model_len)
+                             page_size=cfg.page_size, max_model_len=cfg.max_model_len,
+                             synthetic_acceptance=synthetic_acceptance)
         dtype = target_cfg.jnp_dtype
         target_kv = init_cache(target_cfg.num_layers, target_cfg.num_kv_heads, cfg.num_pages, cfg.page_size,
                                target_cfg.head_dim, dtype)

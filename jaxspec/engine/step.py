@@ -38,6 +38,9 @@ class StepSpec:
     max_model_len: int
     all_greedy: bool = True
     filtered: bool = False
+    # Benchmarks with random weights: accept each draft position with this probability instead of by the
+    # target (all the work is still done; the emitted text is meaningless). None: real rejection sampling.
+    synthetic_acceptance: float | None = None
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -93,6 +96,21 @@ def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec
     return jnp.stack(drafts, axis=1), dkv
 
 
+def _synthetic_accept(logits: jax.Array, drafts: jax.Array, num_valid: jax.Array, seeds: jax.Array,
+                      positions: jax.Array, rate: float) -> tuple[jax.Array, jax.Array]:
+    """Accept draft j with probability `rate` (keyed on seed and position), then emit the target's argmax."""
+    k = drafts.shape[1]
+    keys = sampler.token_keys(seeds, positions[:, None] + jnp.arange(k, dtype=jnp.int32))  # [B, k]
+    u = jax.vmap(jax.vmap(lambda key: jax.random.uniform(jax.random.fold_in(key, 7))))(keys)
+    accepted = (u < rate) & (jnp.arange(k) < num_valid[:, None])
+    n_acc = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+    last = jnp.take_along_axis(sampler.greedy(logits), n_acc[:, None], axis=1)  # [B, 1]
+    j = jnp.arange(k + 1)
+    padded = jnp.pad(drafts, ((0, 0), (0, 1)))
+    emitted = jnp.where(j < n_acc[:, None], padded, jnp.where(j == n_acc[:, None], last, -1))
+    return emitted.astype(jnp.int32), n_acc
+
+
 def _attn_tables(block_tables: jax.Array) -> jax.Array:
     return jnp.maximum(block_tables, 0)  # unallocated entries are never visible; keep kernels' reads in bounds
 
@@ -120,6 +138,8 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     num_valid = jnp.clip(spec.max_model_len - 1 - n, 0, k)
     emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p, seeds,
                                               n, spec.all_greedy, spec.filtered)
+    if spec.synthetic_acceptance is not None:
+        emitted, n_acc = _synthetic_accept(logits, tokens[:, 1:], num_valid, seeds, n, spec.synthetic_acceptance)
     new_last = jnp.take_along_axis(emitted, n_acc[:, None], axis=1)  # [B, 1]
     # 3. draft: the head reads pair (feature at p, token at p+1) for p = n-1 .. n-1+k; pairs past n_acc are
     # padding whose draft KV the next step overwrites
