@@ -4,4 +4,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    # 4 CPU devices for tests/test_tp.py (tensor parallelism); everything else runs on the first one. XLA reads
+    # this when jax first initializes, so it must be set here, before any test module imports jax.
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

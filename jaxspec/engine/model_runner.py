@@ -10,14 +10,16 @@ import dataclasses
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step
 from jaxspec.models import eagle, llama
-from jaxspec.models.attention import init_cache
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -30,23 +32,43 @@ def pick_bucket(buckets: list[int], n: int) -> int:
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, target_cfg: llama.Config, target_weights: llama.Weights,
                  draft_cfg: eagle.EagleConfig | None = None, draft_weights: eagle.EagleWeights | None = None,
-                 synthetic_acceptance: float | None = None):
+                 synthetic_acceptance: float | None = None, mesh: Mesh | None = None):
+        """`mesh` (tensor parallelism, jaxspec.parallel): weights in the layout of their configs' tp_size, placed
+        here with their shardings; caches split by KV heads, slot state replicated. None: one device."""
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
+        self.state = SlotState.init(self.num_slots, self.k)
+        shardings = None
+        if mesh is not None:
+            shardings = parallel.StepShardings(
+                target_kv=parallel.cache_sharding(mesh, target_cfg.tp_size),
+                draft_kv=parallel.cache_sharding(mesh, draft_cfg.tp_size) if draft_cfg is not None else None,
+                replicated=NamedSharding(mesh, P()))
+            self.tw = parallel.place(self.tw, parallel.weight_shardings(self.tw, mesh, target_cfg.tp_size))
+            if self.dw is not None:
+                self.dw = parallel.place(self.dw, parallel.weight_shardings(self.dw, mesh, draft_cfg.tp_size))
+            self.state = parallel.place(self.state, shardings.replicated)
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
-                             synthetic_acceptance=synthetic_acceptance)
+                             synthetic_acceptance=synthetic_acceptance, shardings=shardings)
         dtype = target_cfg.jnp_dtype
-        target_kv = init_cache(target_cfg.num_layers, target_cfg.num_kv_heads, cfg.num_pages, cfg.page_size,
-                               target_cfg.head_dim, dtype)
+        target_kv = parallel.make_cache(target_cfg.num_layers, target_cfg.num_cached_kv_heads, cfg.num_pages,
+                                        cfg.page_size, target_cfg.head_dim, dtype, shardings and shardings.target_kv)
         draft_kv = None
         if draft_cfg is not None:
-            draft_kv = init_cache(1, draft_cfg.num_kv_heads, cfg.num_pages, cfg.page_size, draft_cfg.head_dim, dtype)
+            draft_kv = parallel.make_cache(1, draft_cfg.layer_config().num_cached_kv_heads, cfg.num_pages,
+                                           cfg.page_size, draft_cfg.head_dim, dtype, shardings and shardings.draft_kv)
         self.caches = Caches(target_kv, draft_kv)
-        self.state = SlotState.init(self.num_slots, self.k)
+        if mesh is None:
+            # committed to one device, as every step's outputs are: jit compiles committed and uncommitted inputs
+            # separately, so uncommitted first inputs would cost an extra compile during generation
+            self.tw, self.dw, self.caches, self.state = jax.device_put(
+                (self.tw, self.dw, self.caches, self.state), jax.devices()[0])
+        # several hosts: np.asarray needs this host's copy of the replicated `out`
+        self._local = jax.process_count() > 1
 
     # ---- building the host arrays
 
@@ -79,6 +101,7 @@ class ModelRunner:
         rows[:, 1:] = self._tables(seqs, B)
         sampling, spec = self._sampling(seqs, B)
         self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows, sampling, spec)
+        out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
 
@@ -107,6 +130,7 @@ class ModelRunner:
         sampling, spec = self._sampling([c.seq for c in chunks], R)
         self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows, sampling,
                                                     spec)
+        out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jaxspec.engine import sampler
 from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, KVCache
+from jaxspec.parallel import StepShardings
 
 
 @jax.tree_util.register_static
@@ -41,6 +42,8 @@ class StepSpec:
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
     # target (all the work is still done; the emitted text is meaningless). None: real rejection sampling.
     synthetic_acceptance: float | None = None
+    # Tensor parallelism: the shardings the donated outputs are pinned to (None: one device).
+    shardings: StepShardings | None = None
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -111,6 +114,17 @@ def _synthetic_accept(logits: jax.Array, drafts: jax.Array, num_valid: jax.Array
     return emitted.astype(jnp.int32), n_acc
 
 
+def _pin(spec: StepSpec, caches: Caches, state: SlotState, out: jax.Array) -> tuple[Caches, SlotState, jax.Array]:
+    """Under tensor parallelism, give the outputs their inputs' shardings: they are the next call's inputs, and any
+    other sharding would recompile the step."""
+    s = spec.shardings
+    if s is None:
+        return caches, state, out
+    pin = jax.lax.with_sharding_constraint
+    draft = None if caches.draft is None else pin(caches.draft, s.draft_kv)
+    return Caches(pin(caches.target, s.target_kv), draft), pin(state, s.replicated), pin(out, s.replicated)
+
+
 def _attn_tables(block_tables: jax.Array) -> jax.Array:
     return jnp.maximum(block_tables, 0)  # unallocated entries are never visible; keep kernels' reads in bounds
 
@@ -155,7 +169,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     # 4. commit on device
     state = SlotState(tokens=state.tokens.at[slots].set(new_tokens), seq_len=state.seq_len.at[slots].set(n + n_acc + 1))
     out = jnp.concatenate([(n_acc + 1)[:, None], emitted], axis=1)  # [B, k+2]
-    return Caches(target_kv, draft_kv), state, out
+    return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
 @partial(jax.jit, static_argnames=("spec",), donate_argnames=("caches", "state"))
@@ -198,4 +212,4 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     state = SlotState(tokens=state.tokens.at[slots].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(first_pos + 1))
     out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
-    return Caches(target_kv, draft_kv), state, out
+    return _pin(spec, Caches(target_kv, draft_kv), state, out)

@@ -103,35 +103,59 @@ def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch
 
 
 def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
-                           q_pos: jax.Array, interpret: bool = False) -> jax.Array:
-    """GPU kernel: flatten [B, T] queries to B*T rows, each attending to its first (position + 1) tokens."""
+                           q_pos: jax.Array, interpret: bool = False, tp: int = 1) -> jax.Array:
+    """GPU kernel: flatten [B, T] queries to B*T rows, each attending to its first (position + 1) tokens.
+
+    With tp > 1 the kernel cannot be auto-partitioned: shard_map runs it per device on that device's KV heads
+    (cache axis 1) and query heads (axis 2), which tensor parallelism keeps on the same device.
+    """
+    block_tables = batch.token_block_tables(*q.shape[:2])  # [B*T, pages]
+    k_pages, v_pages = kv.k[layer], kv.v[layer]  # [KVH, pages, page_size, D]
+    run = partial(_pallas_rows, interpret=interpret)
+    if tp > 1:
+        from jax.sharding import AbstractMesh, AxisType
+        from jax.sharding import PartitionSpec as P
+
+        from jaxspec.parallel import TP_AXIS
+        mesh = AbstractMesh((tp,), (TP_AXIS,), axis_types=(AxisType.Auto,))
+        heads = P(None, None, TP_AXIS)
+        run = jax.shard_map(run, mesh=mesh, in_specs=(heads, P(TP_AXIS), P(TP_AXIS), P(), P()), out_specs=heads,
+                            check_vma=False)
+    return run(q, k_pages, v_pages, block_tables, q_pos)
+
+
+def _pallas_rows(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
+                 interpret: bool) -> jax.Array:
+    """q [B, T, H, D]; k_pages, v_pages [KVH, pages, page_size, D] (one layer); block_tables [B*T, pages]."""
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     B, T, H, D = q.shape
-    block_tables = batch.token_block_tables(B, T)  # [B*T, pages]
-    pages = block_tables.shape[1]  # [B*T, pages]
+    pages = block_tables.shape[1]
     lengths = jnp.maximum(q_pos.reshape(-1) + 1, 1).astype(jnp.int32)
-    per_block = min(8, pages)
-    splits = max(1, pages // per_block)
-    while pages % splits or (pages // splits) % per_block:
-        splits -= 1
-    out = paged_attention((q.reshape(B * T, H, D) / jnp.sqrt(D).astype(q.dtype)), kv.k[layer], kv.v[layer],
+    # The kernel walks the table in k_splits partitions of pages_per_compute_block pages; its Triton lowering
+    # wants power-of-two sizes, so pad the table (padding pages lie past every length and are never read).
+    padded = 1 << (pages - 1).bit_length()
+    block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
+    per_block = min(8, padded)
+    splits = min(16, padded // per_block)
+    out = paged_attention((q.reshape(B * T, H, D) / jnp.sqrt(D).astype(q.dtype)), k_pages, v_pages,
                           block_tables, lengths, pages_per_compute_block=per_block, k_splits=splits,
                           interpret=interpret)
     return out.reshape(B, T, H, D)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KVCache | None,
-              layer: jax.Array | int, batch: AttnBatch | None, impl: str) -> jax.Array:
+              layer: jax.Array | int, batch: AttnBatch | None, impl: str, tp: int = 1) -> jax.Array:
     """Attention for queries q [B, T, H, D] at positions q_pos [B, T].
 
     Without a cache, dense causal attention over this chunk's own k, v. With one, over the cached sequence
-    (which already holds this chunk's K/V).
+    (which already holds this chunk's K/V). `tp`: the tensor-parallel degree (the kernel path needs it; the XLA
+    path is partitioned by jit from its inputs' shardings).
     """
     if kv is None:
         return dense_attention(q, k, v, q_pos, q_pos)
     if impl in ("pallas", "pallas-interpret"):  # the interpreter runs the kernel on CPU, for tests
-        return paged_attention_pallas(q, kv, layer, batch, q_pos, interpret=impl == "pallas-interpret")
+        return paged_attention_pallas(q, kv, layer, batch, q_pos, interpret=impl == "pallas-interpret", tp=tp)
     if impl == "xla":
         return paged_attention_xla(q, kv, layer, batch, q_pos)
     raise ValueError(f"unknown attention implementation {impl!r} (expected 'xla', 'pallas' or 'pallas-interpret')")

@@ -59,6 +59,7 @@ class EagleConfig:
     max_position_embeddings: int = 2048
     dtype: str = "float32"
     attn_impl: str = "xla"  # copied from the target's config by the caller
+    tp_size: int = 1  # tensor parallelism, as llama.Config.tp_size (1: the head is replicated on every device)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -99,7 +100,8 @@ class EagleConfig:
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_layers=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
-            max_position_embeddings=self.max_position_embeddings, dtype=self.dtype, attn_impl=self.attn_impl)
+            max_position_embeddings=self.max_position_embeddings, dtype=self.dtype, attn_impl=self.attn_impl,
+            tp_size=self.tp_size)
 
     @classmethod
     def from_target(cls, target: llama.Config, method: str, draft_vocab_size: int | None = None,
@@ -126,7 +128,8 @@ class EagleWeights:
     embed: jax.Array | None  # [V, H]; None = the target's embedding
     input_norm: jax.Array | None  # [H] EAGLE-3 only: input_layernorm over the token embedding
     hidden_norm: jax.Array | None  # [H] EAGLE-3 only: over h
-    wqkv: jax.Array  # [attn_in, (heads + 2 * kv_heads) * head_dim]; attn_in = H (EAGLE-1) or 2H (EAGLE-3)
+    # [attn_in, (heads + 2 * kv_heads) * head_dim]; attn_in = H (EAGLE-1) or 2H (EAGLE-3); tp_size > 1: as llama's
+    wqkv: jax.Array
     wo: jax.Array  # [heads * head_dim, H]
     mlp_norm: jax.Array  # [H] post_attention_layernorm
     w_gate_up: jax.Array  # [H, 2 * I]
@@ -139,7 +142,8 @@ class EagleWeights:
 def abstract(cfg: EagleConfig) -> EagleWeights:
     """Shapes and dtypes of every weight: what the converter checks against and `init` fills."""
     H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
-    q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    lcfg = cfg.layer_config()
+    q_size, kv_size = lcfg.q_size, lcfg.num_cached_kv_heads * cfg.head_dim
     s = lambda *shape: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype)  # noqa: E731
     e3 = cfg.method == "eagle3"
     return EagleWeights(
@@ -201,7 +205,7 @@ def forward(w: EagleWeights, cfg: EagleConfig, target_embed: jax.Array, tokens: 
         residual = h
     a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, llama.rope_inv_freq(lcfg), kv, 0, batch)
     x = residual + a
-    x = x + llama.mlp(llama.rms_norm(x, w.mlp_norm, eps), w.w_gate_up, w.w_down)
+    x = x + llama.mlp(llama.rms_norm(x, w.mlp_norm, eps), w.w_gate_up, w.w_down, cfg.tp_size)
     return x, kv
 
 

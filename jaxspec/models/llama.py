@@ -38,6 +38,9 @@ class Config:
     dtype: str = "float32"
     layer_loop: str = "unroll"  # "unroll" (GPU: static indices) or "scan" (CPU: faster compiles)
     attn_impl: str = "xla"  # "xla" (reference, any backend) or "pallas" (GPU paged kernel)
+    # Tensor parallelism over this many devices (jaxspec.parallel). > 1 switches wqkv and w_gate_up to the
+    # shard-major column layout that `parallel.to_tp_layout` makes; checkpoints always keep tp_size = 1's layout.
+    tp_size: int = 1
 
     @property
     def q_size(self) -> int:
@@ -46,6 +49,15 @@ class Config:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_heads_per_shard(self) -> int:
+        return max(1, self.num_kv_heads // self.tp_size)
+
+    @property
+    def num_cached_kv_heads(self) -> int:
+        """KV heads in wqkv and the cache: num_kv_heads, or tp_size when fewer (each shard keeps a copy of its own)."""
+        return self.tp_size * self.kv_heads_per_shard
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -117,10 +129,12 @@ class Config:
 @dataclass
 class Layers:
     attn_norm: jax.Array  # [L, H]
-    wqkv: jax.Array  # [L, H, (heads + 2 * kv_heads) * head_dim]: q, k, v fused into one matmul
+    # [L, H, (heads + 2 * kv_heads) * head_dim]: q, k, v fused into one matmul. tp_size > 1: kv_heads is
+    # num_cached_kv_heads and the columns go shard by shard, [q, k, v of shard 0, q, k, v of shard 1, ...]
+    wqkv: jax.Array
     wo: jax.Array  # [L, heads * head_dim, H]
     mlp_norm: jax.Array  # [L, H]
-    w_gate_up: jax.Array  # [L, H, 2 * I]: gate then up, fused into one matmul
+    w_gate_up: jax.Array  # [L, H, 2 * I]: gate then up, fused into one matmul (tp_size > 1: [gate_s, up_s] per shard)
     w_down: jax.Array  # [L, I, H]
 
 
@@ -140,7 +154,8 @@ def abstract(cfg: Config) -> Weights:
     s = lambda *shape: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype)  # noqa: E731
     return Weights(
         embed=s(V, H),
-        layers=Layers(attn_norm=s(L, H), wqkv=s(L, H, cfg.q_size + 2 * cfg.kv_size), wo=s(L, cfg.q_size, H),
+        layers=Layers(attn_norm=s(L, H), wqkv=s(L, H, cfg.q_size + 2 * cfg.num_cached_kv_heads * cfg.head_dim),
+                      wo=s(L, cfg.q_size, H),
                       mlp_norm=s(L, H), w_gate_up=s(L, H, 2 * I), w_down=s(L, I, H)),
         final_norm=s(H),
         lm_head=None if cfg.tie_word_embeddings else s(H, V),
@@ -196,9 +211,11 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def mlp(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    gate, up = jnp.split(x @ w_gate_up, 2, axis=-1)
-    return (jax.nn.silu(gate) * up) @ w_down
+def mlp(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, tp: int = 1) -> jax.Array:
+    """SwiGLU. w_gate_up's columns are [gate_s, up_s] per shard s (tp = 1: [gate, up])."""
+    gate_up = (x @ w_gate_up).reshape(*x.shape[:-1], tp, 2, -1)  # [..., tp, 2, I / tp]
+    gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
+    return (jax.nn.silu(gate) * up).reshape(*x.shape[:-1], -1) @ w_down
 
 
 def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax.Array, cfg: Config,
@@ -206,13 +223,16 @@ def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax
                     batch: AttnBatch | None) -> tuple[jax.Array, KVCache | None]:
     """Self-attention over the paged cache (after writing this chunk's K/V into it), or dense when kv is None."""
     B, T, _ = x.shape
-    q, k, v = jnp.split(x @ wqkv, [cfg.q_size, cfg.q_size + cfg.kv_size], axis=-1)
-    q = apply_rope(q.reshape(B, T, cfg.num_heads, cfg.head_dim), positions, inv_freq)
-    k = apply_rope(k.reshape(B, T, cfg.num_kv_heads, cfg.head_dim), positions, inv_freq)
-    v = v.reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+    tp, D = cfg.tp_size, cfg.head_dim
+    q_local, kv_local = cfg.num_heads // tp * D, cfg.kv_heads_per_shard * D  # columns per shard
+    qkv = (x @ wqkv).reshape(B, T, tp, q_local + 2 * kv_local)  # shard-major columns (tp = 1: [q, k, v])
+    q, k, v = jnp.split(qkv, [q_local, q_local + kv_local], axis=-1)
+    q = apply_rope(q.reshape(B, T, cfg.num_heads, D), positions, inv_freq)
+    k = apply_rope(k.reshape(B, T, cfg.num_cached_kv_heads, D), positions, inv_freq)
+    v = v.reshape(B, T, cfg.num_cached_kv_heads, D)
     if kv is not None:
         kv = write_kv(kv, layer, k, v, batch.slot_mapping)
-    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl)  # [B, T, heads, head_dim]
+    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl, tp)  # [B, T, heads, head_dim]
     return out.reshape(B, T, cfg.q_size) @ wo, kv
 
 
@@ -222,7 +242,7 @@ def decoder_layer(x: jax.Array, lw: Layers, positions: jax.Array, cfg: Config, i
     h, kv = attention_block(rms_norm(x, lw.attn_norm, cfg.rms_norm_eps), lw.wqkv, lw.wo, positions, cfg,
                             inv_freq, kv, layer, batch)
     x = x + h
-    x = x + mlp(rms_norm(x, lw.mlp_norm, cfg.rms_norm_eps), lw.w_gate_up, lw.w_down)
+    x = x + mlp(rms_norm(x, lw.mlp_norm, cfg.rms_norm_eps), lw.w_gate_up, lw.w_down, cfg.tp_size)
     return x, kv
 
 
