@@ -46,7 +46,10 @@ def add_fetch(sub: argparse._SubParsersAction) -> None:
 def _bench_throughput(args: argparse.Namespace) -> None:
     from jaxspec.bench.throughput import run
 
-    run(args)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError) as exc:  # a bad model, head or dataset: nothing could run
+        raise SystemExit(f"jaxspec bench throughput: error: {exc}") from None
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -59,10 +62,48 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_bench_throughput)
 
 
+def _train_eagle(args: argparse.Namespace) -> None:
+    from jaxspec.train.command import train_from_args
+
+    train_from_args(args)
+
+
+def add_train_eagle(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-eagle", help="train an EAGLE-1/EAGLE-3 draft head on the model's own answers")
+    p.add_argument("--model", required=True, help="jaxspec checkpoint, HF Llama directory or preset name")
+    p.add_argument("--method", default="eagle3", choices=["eagle", "eagle3"])
+    p.add_argument("--data", action="append", default=[], help="JSONL prompts (prompt/question/turns); repeatable")
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the files (default all)")
+    p.add_argument("--max-tokens", type=int, default=512, help="longest regenerated answer")
+    p.add_argument("--seq-len", type=int, default=512, help="training row length (prompt + answer, padded)")
+    p.add_argument("--dataset-cache", help=".npz of the token dataset: loaded if it exists, else written")
+    p.add_argument("--gen-batch", type=int, default=256, help="max_num_seqs of the engine while regenerating")
+    p.add_argument("--steps", type=int, default=10000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--warmup-steps", type=int, default=None, help="default 5%% of --steps")
+    p.add_argument("--ttt-steps", type=int, default=None, help="unrolled head steps (default 1 eagle, 7 eagle3)")
+    p.add_argument("--noise", type=float, default=None,
+                   help="width of the uniform noise on the target's features (default 0.2 eagle, 0 eagle3)")
+    p.add_argument("--draft-vocab-size", type=int, default=32000, help="EAGLE-3 draft vocabulary")
+    p.add_argument("--aux-layers", help="EAGLE-3 feature layers (inputs of), e.g. 2,15,27 (default 2,L//2,L-3)")
+    p.add_argument("--target-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--compute-dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="the head's matmuls (parameters and optimizer stay fp32)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the exported head")
+    p.add_argument("--out", required=True, help="directory for the exported head (config.json, model.safetensors)")
+    p.add_argument("--ckpt-dir", help="orbax checkpoints of the training state")
+    p.add_argument("--ckpt-every", type=int, default=1000)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --ckpt-dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_train_eagle)
+
+
 # Subcommand name -> function that registers its parser (and sets `func`).
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "convert": add_convert,
     "fetch": add_fetch,
+    "train-eagle": add_train_eagle,
     "bench": add_bench,
 }
 

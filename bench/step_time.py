@@ -1,0 +1,107 @@
+"""Decode-step time against the bytes-over-bandwidth floor, at fixed batch sizes and context length.
+
+    python bench/step_time.py --hf-config llama-3-8b --batches 1,2,4,8,16,32 --context 512
+
+Random weights of the given shape (bf16), every slot at `--context` tokens, plain decoding (k = 0) or the fused
+verify+draft step with an EAGLE-1 head (`--k`). Steps are dispatched back to back (the engine's async mode keeps
+the device this busy) and timed over `--iters` after a warm-up; the floor is (weights + the batch's KV) /
+measured copy bandwidth, since a decode step must read every weight and every cached K/V once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jaxspec.bench.report import measure_bandwidth  # noqa: E402
+from jaxspec.bench.data import load_hf_config  # noqa: E402
+from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
+from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
+from jaxspec.engine.sequence import Sequence  # noqa: E402
+from jaxspec.engine.step import SlotState  # noqa: E402
+from jaxspec.models import eagle, llama  # noqa: E402
+from jaxspec.sampling_params import SamplingParams  # noqa: E402
+
+
+def nbytes(tree) -> int:
+    return sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int) -> dict:
+    page_size = 16
+    ec = EngineConfig(max_model_len=context + (iters + 8) * (k + 1) + 2 * k + 16, max_num_seqs=B, page_size=page_size,
+                      decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,
+                      speculative=SpeculativeConfig("eagle", "-", k) if k else None)
+    ec.num_pages = B * ec.pages_per_seq
+    runner = ModelRunner(ec, cfg, w, dcfg, dw)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (B + 1, 1 + k)).astype(np.int32)
+    runner.state = SlotState(tokens=jnp.asarray(tokens), seq_len=jnp.full((B + 1,), context, jnp.int32))
+    greedy = SamplingParams(temperature=0)
+    seqs = [Sequence(request_id=i, prompt_token_ids=[0], params=greedy, seed=0, slot=i,
+                     pages=list(range(i * ec.pages_per_seq, (i + 1) * ec.pages_per_seq))) for i in range(B)]
+    for _ in range(3):
+        out = runner.decode(seqs)
+    np.asarray(out)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = runner.decode(seqs)
+    np.asarray(out)
+    pipelined = (time.perf_counter() - t0) / iters
+    t0 = time.perf_counter()
+    for _ in range(10):
+        np.asarray(runner.decode(seqs))
+    blocking = (time.perf_counter() - t0) / 10
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.jnp_dtype.itemsize
+    mean_context = context + iters * (k + 1) / 2
+    return {"batch": B, "k": k, "context": context, "step_s": pipelined, "step_blocking_s": blocking,
+            "weight_bytes": nbytes(w) + (nbytes(dw) if dw is not None else 0),
+            "kv_bytes": int(B * mean_context * kv_per_token)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hf-config", default="llama-3-8b", help="a config.json path or a built-in name")
+    ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--k", type=int, default=0, help="speculative tokens (an EAGLE-1 head shaped like one layer)")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--output-json")
+    args = ap.parse_args()
+
+    gpu = jax.default_backend() == "gpu"
+    cfg = llama.Config.from_hf(load_hf_config(args.hf_config)[1], dtype=args.dtype).replace(
+        attn_impl="pallas" if gpu else "xla", layer_loop="unroll" if gpu else "scan")
+    w = llama.init(cfg, jax.random.key(0))
+    dcfg = dw = None
+    if args.k:
+        dcfg = eagle.EagleConfig.from_target(cfg, "eagle")
+        dw = eagle.init(dcfg, jax.random.key(1))
+    bw = measure_bandwidth()
+    rows = []
+    for B in [int(b) for b in args.batches.split(",")]:
+        r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters)
+        r["floor_s"] = (r["weight_bytes"] + r["kv_bytes"]) / (bw["tb_s"] * 1e12)
+        r["over_floor"] = r["step_s"] / r["floor_s"]
+        rows.append(r)
+        print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f})"
+              f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
+    result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
+              "command": " ".join(sys.argv), "bandwidth": bw, "rows": rows}
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Building and driving the LLMs a benchmark times: shared weights, one-mode compilation, metrics per run.
+
+- A checkpoint's weights are loaded once and handed to every `LLM` of the sweep through `LLM(weights=(cfg, w))`:
+  EAGLE and plain decoding share one copy on the device. Dummy runs pass `weights=(cfg, None)` with
+  `load_format="dummy"`: the LLM draws random weights, and a random head shaped like one target layer.
+- `compile_buckets` compiles every bucket for the one sampling mode the run uses (what `ModelRunner.warmup` does
+  for all three modes): a third of the start-up compile time.
+- Async and sync runs share one LLM: the engine reads `cfg.async_scheduling` at every step, and between
+  `generate` calls nothing is in flight, so flipping it there is safe (see LLMEngine.run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from jaxspec.engine import sampler
+from jaxspec.engine.step import decode_step, prefill_step
+from jaxspec.llm import LLM
+from jaxspec.models import llama
+
+
+def load_target(ckpt, hf_config: dict, dummy: bool, dtype: str | None) -> tuple[llama.Config, object]:
+    """(Config, Weights) on the device: the checkpoint cast to dtype; for dummy runs (Config, None), the LLM draws
+    the random weights itself (`LLM(load_format="dummy", weights=(cfg, None))`)."""
+    if dummy:
+        return llama.Config.from_hf(hf_config, dtype or "float32"), None
+    from jaxspec.convert.checkpoint import load_model
+    return load_model(ckpt, dtype)
+
+
+def set_async(llm: LLM, flag: bool) -> None:
+    llm.engine_config.async_scheduling = flag
+    llm.engine.cfg.async_scheduling = flag  # the same object today; kept explicit in case it is ever copied
+
+
+def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
+    """Sizes to compile (fewer buckets: less compile time, more padding), always ending at the engine's limit."""
+    return sorted({b for b in sizes if 0 < b < limit} | {limit}) if sizes else None
+
+
+def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None) -> int:
+    """Compile every decode and prefill bucket in one sampling mode (ModelRunner.warmup, restricted to it);
+    `log(msg)` hears each program's compile time."""
+    runner = llm.engine.runner
+    cfg = runner.cfg
+    spec = dataclasses.replace(runner.spec, all_greedy=all_greedy, filtered=filtered)
+    P, R = cfg.pages_per_seq, cfg.max_prefill_seqs
+    for B in cfg.decode_buckets:
+        rows = np.full((B, 1 + P), -1, np.int32)
+        rows[:, 0] = runner.num_slots
+        sampling = sampler.pack_params([0.0] * B, [0] * B, [1.0] * B, [0] * B)
+        t0 = time.perf_counter()
+        runner.caches, runner.state, out = decode_step(runner.tw, runner.dw, runner.caches, runner.state, rows,
+                                                       sampling, spec)
+        jax.block_until_ready(out)
+        if log:
+            log(f"  decode bucket {B}: {time.perf_counter() - t0:.1f} s")
+    for N in cfg.prefill_buckets:
+        tok = np.zeros((N, 4), np.int32)
+        tok[:, 2] = -1
+        rows = np.full((R, 3 + P), -1, np.int32)
+        rows[:, 0] = runner.num_slots
+        sampling = sampler.pack_params([0.0] * R, [0] * R, [1.0] * R, [0] * R)
+        t0 = time.perf_counter()
+        runner.caches, runner.state, out = prefill_step(runner.tw, runner.dw, runner.caches, runner.state, tok, rows,
+                                                        sampling, spec)
+        jax.block_until_ready(out)
+        if log:
+            log(f"  prefill bucket {N}: {time.perf_counter() - t0:.1f} s")
+    return len(cfg.decode_buckets) + len(cfg.prefill_buckets)
+
+
+def num_compiled() -> int | None:
+    """Programs in the step functions' jit caches: a change during a timed run means it compiled."""
+    try:
+        return decode_step._cache_size() + prefill_step._cache_size()
+    except AttributeError:
+        return None
+
+
+def metrics_delta(before: dict, after: dict) -> dict:
+    """`LLM.get_metrics()` counts since the LLM was built; this is one run's share, derived rates recomputed."""
+    d = {}
+    for key, v in after.items():
+        if isinstance(v, list) and key == "accepted_per_position":
+            d[key] = [a - b for a, b in zip(v, before[key])]
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            d[key] = v - before.get(key, 0)
+    drafts = d.get("num_drafts", 0)
+    d["acceptance_rate_per_position"] = [a / drafts if drafts else 0.0 for a in d.get("accepted_per_position", [])]
+    d["mean_acceptance_length"] = 1.0 + d.get("num_accepted_tokens", 0) / drafts if drafts else 1.0
+    return d
+
+
+def _nbytes(*trees) -> int:
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(trees))
+
+
+def model_bytes(llm: LLM) -> dict:
+    """Configs and what a decode step must read (report.py's roofline)."""
+    runner = llm.engine.runner
+    tcfg, dcfg, tw, dw = llm.model_config, runner.spec.draft, runner.tw, runner.dw
+    head = tw.embed if tw.lm_head is None else tw.lm_head  # the LM head; a lookup reads only B rows of embed
+    itemsize = tcfg.jnp_dtype.itemsize
+    b = {"k": runner.k, "target_weights": _nbytes(tw.layers, tw.final_norm, head),
+         "kv_per_token_target": 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * itemsize,
+         "draft_weights_per_pass": 0, "kv_per_token_draft": 0}
+    if dw is not None:
+        own = (dw.fc, dw.fc_bias, dw.input_norm, dw.hidden_norm, dw.wqkv, dw.wo, dw.mlp_norm, dw.w_gate_up,
+               dw.w_down, dw.final_norm)
+        b["draft_weights_per_pass"] = _nbytes(*own, dw.lm_head if dcfg.method == "eagle3" else head)
+        b["kv_per_token_draft"] = 2 * dcfg.num_kv_heads * dcfg.head_dim * itemsize
+    return {"config": dataclasses.asdict(tcfg), "draft_config": dataclasses.asdict(dcfg) if dcfg else None,
+            "total_weight_bytes": _nbytes(tw, dw), "bytes": b}

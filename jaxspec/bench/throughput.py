@@ -1,0 +1,526 @@
+"""`jaxspec bench throughput` / `python bench/throughput.py`: offline throughput, as `vllm bench throughput`.
+
+One run: build the LLM (compiling its buckets), run a short untimed generate, time one `generate` over all
+prompts, print `Throughput: X requests/s, Y total tokens/s, Z output tokens/s` and the spec-decoding counters.
+
+`--sweep`: prompt counts (--sweep-prompts) x {async, sync} x {EAGLE (with --speculative-config), no speculation}
+in one process. Each mode builds one LLM and reuses it for every count and both schedulings (the flag is flipped
+between generate calls). Greedy outputs of async and sync runs are compared token for token. Results go to
+bench/results/<date>-<label>.{json,png}; the JSON is rewritten after every point, so a killed run keeps what it
+did. Any failing piece (an LLM that does not build, a run, the HF peer, the profiler) is recorded in the table
+and the JSON and the sweep goes on.
+
+Order of work: prompts (no jax), the HF peer in a child process (before jax claims the GPU), bandwidth, every
+mode's LLM (all compiling up front), then prompt counts outer and modes inner (a spent --time-budget-s loses the
+largest counts, not a whole mode), then the profiles. Each stage is timed and printed (`[bench ...s] ...`, one
+line per compiled program) so a slow compile shows where the minutes went: on the H200 one unrolled-layer
+program takes 30 to 60 s, so pass few --decode-buckets / --prefill-buckets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import hashlib
+import json
+import re
+import shlex
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxspec.bench import data, report
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "bench" / "results"
+RESULTS_MD = ROOT / "bench" / "RESULTS.md"
+AGREE_TOKENS = 8  # the HF peer must agree on this many first tokens of each output
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("model")
+    m.add_argument("--model", default="smollm2-135m-instruct",
+                   help="preset name, jaxspec checkpoint or HF Llama directory")
+    m.add_argument("--tokenizer", help="tokenizer directory (default: the model's hf/ directory)")
+    m.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights of the model's shapes (and a random EAGLE head)")
+    m.add_argument("--hf-config", help=f"config.json path or a built-in name ({', '.join(data.HF_CONFIGS)}) "
+                                       "for --load-format dummy: real shapes, no files")
+    m.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="auto: bfloat16 on a GPU, the checkpoint's dtype elsewhere")
+    m.add_argument("--speculative-config", help='JSON or a .json file: {"method": "eagle", "model": HEAD_DIR, '
+                                                '"num_speculative_tokens": 2}; model "dummy" = a random head '
+                                                'shaped like a target layer (with --load-format dummy)')
+    m.add_argument("--synthetic-acceptance", type=float, metavar="P",
+                   help="each draft position accepts with probability P (dummy-weight runs: outputs meaningless)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--dataset", help="JSONL with question, prompt, turns or messages (chat-formatted); "
+                                     "default: random token ids of --input-len")
+    w.add_argument("--input-len", type=int, default=128)
+    w.add_argument("--max-tokens", "--output-len", dest="max_tokens", type=int, default=256)
+    w.add_argument("--num-prompts", type=int, default=48)
+    w.add_argument("--temperature", type=float, default=0.0)
+    w.add_argument("--top-p", type=float, default=1.0)
+    w.add_argument("--top-k", type=int, default=0)
+    w.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on for random prompts, off for a dataset")
+    w.add_argument("--seed", type=int, default=0)
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-num-seqs", type=int, help="default: the largest prompt count (at most 256)")
+    e.add_argument("--max-model-len", type=int, help="default: longest prompt + max tokens + look-ahead")
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--attn-impl", default="auto", help="LLM attn_impl: auto (pallas on GPU), xla, pallas")
+    e.add_argument("--layer-loop", default="auto", help="LLM layer_loop: auto (unroll on GPU), unroll, scan")
+    e.add_argument("--decode-buckets", type=_ints, help="batch sizes to compile, e.g. 8,16,32,64,96")
+    e.add_argument("--prefill-buckets", type=_ints, help="prefill token counts to compile, e.g. 256,1024,2048")
+    e.add_argument("--engine-warmup", action="store_true",
+                   help="compile all three sampling modes (LLM(warmup=True)) instead of the one this run uses")
+    e.add_argument("--no-warmup-compile", action="store_true", help=argparse.SUPPRESS)  # tests: compile on use
+    e.add_argument("--compilation-cache-dir", help="jax persistent compilation cache (reused by later runs)")
+    s = p.add_argument_group("sweep and reports")
+    s.add_argument("--sweep", action="store_true", help="prompt counts x async/sync x EAGLE/no speculation")
+    s.add_argument("--sweep-prompts", type=_ints, default=[24, 48, 96])
+    s.add_argument("--hf-baseline", action="store_true", help="transformers generate on the same prompts")
+    s.add_argument("--hf-prompts", type=_ints, help="prompt counts for the HF peer (default: all)")
+    s.add_argument("--hf-timeout", type=float, default=300.0)
+    s.add_argument("--profile-dir", help="trace one run per mode and scheduling; report device busy fraction")
+    s.add_argument("--profile-prompts", type=int, help="default: the largest prompt count")
+    s.add_argument("--profile-max-tokens", type=int, default=64)
+    s.add_argument("--measure-bandwidth", action="store_true", help="time a large device copy (TB/s)")
+    s.add_argument("--bandwidth-bytes", type=int)
+    s.add_argument("--bandwidth-tbs", type=float, default=4.3,
+                   help="copy bandwidth assumed by the roofline when not measured (DESIGN.md's H200 figure)")
+    s.add_argument("--output-json", help="also write the result JSON here")
+    s.add_argument("--results-dir", default=str(RESULTS_DIR), help="where --sweep writes JSON and PNG")
+    s.add_argument("--update-results-md", nargs="?", const=str(RESULTS_MD), metavar="PATH",
+                   help=f"replace this run's section in RESULTS.md (default {RESULTS_MD.relative_to(ROOT)})")
+    s.add_argument("--from-json", help="render an earlier result JSON (tables, plot, RESULTS.md); runs nothing")
+    s.add_argument("--label", help="name of this configuration in tables and RESULTS.md")
+    s.add_argument("--time-budget-s", type=float, default=0.0,
+                   help="skip remaining runs once this many seconds have passed (0: no limit)")
+
+
+# ---- what to run
+
+@dataclass
+class ModelSource:
+    label: str
+    ckpt: Path | None  # what load_model reads (None: shapes only, from hf_config)
+    hf_dir: Path | None  # transformers directory: the HF peer and the tokenizer
+    hf_config: dict
+    tokenizer_dir: str | None
+
+
+def resolve_model(args) -> ModelSource:
+    if args.hf_config:
+        if args.load_format != "dummy":
+            raise ValueError("--hf-config gives shapes only: use it with --load-format dummy")
+        label, hf = data.load_hf_config(args.hf_config)
+        return ModelSource(label, None, None, hf, args.tokenizer)
+    path = Path(args.model)
+    if not path.exists():
+        from jaxspec import presets
+        path = presets.fetch_preset(args.model)
+    from jaxspec.convert.checkpoint import CONFIG_FILE
+    ckpt = path / "ckpt" if (path / "ckpt" / CONFIG_FILE).exists() else path
+    hf_dir = next((d for d in (path, path / "hf", path.parent / "hf") if (d / "config.json").exists()), None)
+    if hf_dir is not None:
+        hf = json.loads((hf_dir / "config.json").read_text())
+    else:
+        from jaxspec.convert.checkpoint import config_from_json
+        hf = config_from_json(json.loads((ckpt / CONFIG_FILE).read_text()), ckpt / CONFIG_FILE).to_hf()
+    has_tok = hf_dir is not None and any((hf_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
+    tok = args.tokenizer or (str(hf_dir) if has_tok else None)
+    return ModelSource(Path(args.model).name, ckpt, hf_dir, hf, tok)
+
+
+def parse_spec(args) -> dict | None:
+    if args.synthetic_acceptance is not None:
+        if not args.speculative_config:
+            raise ValueError("--synthetic-acceptance needs --speculative-config")
+        if args.load_format != "dummy":
+            raise ValueError("--synthetic-acceptance is for random weights: add --load-format dummy")
+        if not 0.0 <= args.synthetic_acceptance <= 1.0:
+            raise ValueError(f"--synthetic-acceptance must be in [0, 1], got {args.synthetic_acceptance}")
+    if not args.speculative_config:
+        return None
+    s = args.speculative_config
+    spec = json.loads(Path(s).read_text() if s.endswith(".json") and Path(s).exists() else s)
+    spec.setdefault("method", "eagle")
+    if args.load_format == "dummy":
+        spec.setdefault("model", "dummy")
+    elif spec.get("model") == "dummy":
+        raise ValueError('speculative model "dummy" (a random head) needs --load-format dummy')
+    return spec
+
+
+def mode_label(spec: dict | None, synthetic: float | None) -> str:
+    if spec is None:
+        return "no spec"
+    label = f"{spec['method']} k={spec.get('num_speculative_tokens')}"
+    return label + (f" synthetic p={synthetic:g}" if synthetic is not None else "")
+
+
+def make_prompts(args, src: ModelSource, n: int) -> tuple[list[list[int]], str]:
+    if args.dataset:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(src.tokenizer_dir) if src.tokenizer_dir else None
+        return data.dataset_prompts(args.dataset, n, tok), f"{Path(args.dataset).name} (chat template)"
+    return data.random_prompts(n, args.input_len, src.hf_config["vocab_size"], args.seed), \
+        f"random token ids, {args.input_len} each"
+
+
+def sampling_params(args, n: int, max_tokens: int | None = None) -> list:
+    """One SamplingParams per request with its own seed, so a request's tokens are the same in every run."""
+    from jaxspec.sampling_params import SamplingParams
+    return [SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                           max_tokens=max_tokens or args.max_tokens, ignore_eos=args.ignore_eos,
+                           seed=(args.seed * 1_000_003 + i) % 2**32) for i in range(n)]
+
+
+# ---- bookkeeping
+
+class Bench:
+    """The result dict under construction, its files, the clock and the error log."""
+
+    def __init__(self, args, result: dict, json_paths: list[Path]):
+        self.args, self.result, self.json_paths = args, result, json_paths
+        self.start = time.perf_counter()
+
+    def log(self, msg: str) -> None:
+        print(f"[bench {time.perf_counter() - self.start:7.1f}s] {msg}", flush=True)
+
+    def out_of_time(self) -> bool:
+        budget = self.args.time_budget_s
+        return bool(budget) and time.perf_counter() - self.start > budget
+
+    def guard(self, stage: str, fn, *a, **kw):
+        """fn(*a, **kw), or None with the error recorded and printed: one piece failing never ends the run."""
+        t0 = time.perf_counter()
+        try:
+            out = fn(*a, **kw)
+            self.result["timings"][stage] = time.perf_counter() - t0
+            return out
+        except Exception as exc:  # noqa: BLE001 (a benchmark reports failures and goes on)
+            msg = f"{type(exc).__name__}: {exc}"
+            self.result["errors"].append({"stage": stage, "error": msg[:2000],
+                                          "traceback": traceback.format_exc()[-4000:]})
+            self.log(f"ERROR in {stage}: {msg[:500]}")
+            return None
+
+    def save(self) -> None:
+        for path in self.json_paths:
+            report.save_json(self.result, path)
+
+
+def machine_info() -> dict:
+    import jax
+    return {"device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count(),
+            "backend": jax.default_backend(), "hostname": socket.gethostname(), "jax_version": jax.__version__}
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-").lower()[:80]
+
+
+# ---- one timed run
+
+def run_point(llm, prompts, params, is_async: bool) -> tuple[dict, list[list[int]]]:
+    from jaxspec.bench.engine import metrics_delta, num_compiled, set_async
+
+    set_async(llm, is_async)
+    before, compiled = llm.get_metrics(), num_compiled()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    m = metrics_delta(before, llm.get_metrics())
+    tokens = [o.outputs[0].token_ids for o in outs]
+    n_in, n_out, steps = sum(map(len, prompts)), sum(map(len, tokens)), max(m["num_steps"], 1)
+    reasons: dict[str, int] = {}
+    for o in outs:
+        reasons[str(o.outputs[0].finish_reason)] = reasons.get(str(o.outputs[0].finish_reason), 0) + 1
+    point = {
+        "num_requests": len(prompts), "elapsed_s": elapsed, "prompt_tokens": n_in, "output_tokens": n_out,
+        "requests_per_s": len(prompts) / elapsed, "total_tokens_per_s": (n_in + n_out) / elapsed,
+        "output_tokens_per_s": n_out / elapsed, "num_steps": m["num_steps"],
+        "engine_wall_s": m["wall_s"], "host_wait_s": m["host_wait_s"],
+        "wall_per_step_ms": 1e3 * m["wall_s"] / steps, "host_wait_per_step_ms": 1e3 * m["host_wait_s"] / steps,
+        "host_busy_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / steps,
+        "num_preemptions": m.get("num_preemptions", 0), "finish_reasons": reasons,
+        "recompiles": None if compiled is None else num_compiled() - compiled,
+        "outputs_sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
+        **{k: m[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position",
+                             "acceptance_rate_per_position", "mean_acceptance_length") if k in m}}
+    return point, tokens
+
+
+def print_point(p: dict, k: int) -> None:
+    print(f"Throughput: {p['requests_per_s']:.2f} requests/s, {p['total_tokens_per_s']:.2f} total tokens/s, "
+          f"{p['output_tokens_per_s']:.2f} output tokens/s   "
+          f"[{p['num_prompts']} prompts, {p['mode']}, {'async' if p['async'] else 'sync'}]")
+    line = (f"  {p['num_steps']} steps, {p['wall_per_step_ms']:.2f} ms/step wall, "
+            f"{p['host_busy_per_step_ms']:.2f} ms/step host work, {p['host_wait_per_step_ms']:.2f} ms/step host wait")
+    if k:
+        rates = ", ".join(f"{r:.3f}" for r in p.get("acceptance_rate_per_position", []))
+        line += f"; mean acceptance length {p['mean_acceptance_length']:.3f}, per-position acceptance [{rates}]"
+    if p.get("recompiles"):
+        line += f"; WARNING: {p['recompiles']} compilation(s) during the timed run"
+    print(line, flush=True)
+
+
+# ---- comparisons
+
+def compare_outputs(outputs: dict, result: dict) -> None:
+    """async == sync, token for token, per (prompt count, mode); and agreement with the HF peer's first tokens."""
+    hf = result.get("hf") or {}
+    args = result["args"]
+    for (n, mode), runs in _group(outputs).items():
+        if True in runs and False in runs:
+            result["identical"][f"{n}/{mode}"] = identity(runs[True], runs[False])
+        hf_run = hf.get("runs", {}).get(str(n))
+        meaningless = "synthetic" in mode or args["temperature"] > 0 or hf.get("random_weights")
+        if hf_run and not meaningless:
+            ours = runs.get(True) or runs.get(False)
+            pairs = [(o[:AGREE_TOKENS], h[:AGREE_TOKENS]) for o, h in zip(ours, hf_run["first_tokens"])]
+            agree_tok = sum(a == b for o, h in pairs for a, b in zip(o, h))
+            result["hf_agreement"][f"{n}/{mode}"] = {
+                "requests_exact": sum(o == h for o, h in pairs) / len(pairs),
+                "tokens": agree_tok / max(sum(min(len(o), len(h)) for o, h in pairs), 1), "first_n": AGREE_TOKENS}
+
+
+def identity(a: list[list[int]], b: list[list[int]]) -> dict:
+    """How far two runs' outputs agree: fraction of identical requests, the first differing request and, over
+    the differing ones, the earliest token index where they part (late partings point at batch-dependent numerics
+    in the tail, where async and sync batches differ, rather than at a protocol bug)."""
+    same = [x == y for x, y in zip(a, b)]
+    parts = [next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
+             for x, y in zip(a, b) if x != y]
+    return {"all": all(same), "fraction": sum(same) / len(same),
+            "first_mismatch": same.index(False) if not all(same) else None,
+            "earliest_differing_token": min(parts) if parts else None,
+            "median_differing_token": sorted(parts)[len(parts) // 2] if parts else None}
+
+
+def _group(outputs: dict) -> dict:
+    grouped: dict = {}
+    for (n, mode, is_async), toks in outputs.items():
+        grouped.setdefault((n, mode), {})[is_async] = toks
+    return grouped
+
+
+# ---- the run
+
+def run(args) -> dict:
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+        result["label"] = args.label or result["label"]
+        finish(args, result, [], render_only=True)
+        return result
+    if args.ignore_eos is None:
+        args.ignore_eos = not args.dataset
+    src = resolve_model(args)
+    spec = parse_spec(args)
+    counts = sorted(set(args.sweep_prompts)) if args.sweep else [args.num_prompts]
+    prompts, prompt_source = make_prompts(args, src, max(counts))
+    k = spec.get("num_speculative_tokens", 0) if spec else 0
+    args.max_num_seqs = args.max_num_seqs or min(max(counts), 256)
+    # a multiple of 128 = 8 pages of 16: the Pallas paged-attention kernel splits a block table into blocks of 8
+    need = max(map(len, prompts)) + args.max_tokens + 2 * k + 1
+    args.max_model_len = args.max_model_len or -(-need // 128) * 128
+    modes = [(mode_label(spec, args.synthetic_acceptance), spec)] + ([(mode_label(None, None), None)]
+                                                                        if args.sweep and spec else [])
+    date = datetime.datetime.now(datetime.timezone.utc)
+    knobs = [f"{v} {what}" for v, what in ((args.layer_loop, "layers"), (args.attn_impl, "attention")) if v != "auto"]
+    label = args.label or " | ".join([src.label + (" (dummy weights)" if args.load_format == "dummy" else ""),
+                                      " + ".join(m for m, _ in modes), prompt_source,
+                                      f"out {args.max_tokens}", *knobs])
+    result = {"schema": 1, "label": label, "date": date.isoformat(timespec="seconds"),
+              "command": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]), "args": vars(args).copy(),
+              "machine": {}, "synthetic_acceptance": args.synthetic_acceptance,
+              "prompts": {"source": prompt_source, "count": len(prompts),
+                          "mean_input_len": sum(map(len, prompts)) / len(prompts)},
+              "models": {}, "points": [], "identical": {}, "hf_agreement": {}, "profile": [], "errors": [],
+              "timings": {}}
+    stem = f"{date:%Y%m%d-%H%M%S}-{_slug(src.label)}" + (f"-{_slug(spec['method'])}" if spec else "")
+    json_paths = ([Path(args.results_dir) / f"{stem}.json"] if args.sweep else []) + (
+        [Path(args.output_json)] if args.output_json else [])
+    bench = Bench(args, result, json_paths)
+    bench.log(f"{label}: {len(counts)} prompt count(s) x {len(modes)} mode(s); max_num_seqs {args.max_num_seqs}, "
+              f"max_model_len {args.max_model_len}")
+    bench.save()
+    if args.hf_baseline:
+        result["hf"] = bench.guard("hf_baseline", hf_peer, args, src, prompts, counts, bench)
+        bench.save()
+    sweep(args, bench, src, prompts, counts, modes)
+    finish(args, result, json_paths, plot_path=(Path(args.results_dir) / f"{stem}.png") if args.sweep else None)
+    return result
+
+
+def hf_peer(args, src: ModelSource, prompts, counts, bench: Bench) -> dict:
+    from jaxspec.bench.hf_baseline import run_hf_baseline
+    job = {"hf_dir": str(src.hf_dir) if src.hf_dir and args.load_format != "dummy" else None,
+           "hf_config": src.hf_config, "dtype": args.dtype, "prompts": prompts,
+           "counts": [n for n in counts if not args.hf_prompts or n in args.hf_prompts],
+           "max_tokens": args.max_tokens, "ignore_eos": args.ignore_eos, "batch_size": args.max_num_seqs,
+           "agree_tokens": AGREE_TOKENS, "seed": args.seed}
+    bench.log(f"HF transformers peer: counts {job['counts']} ({'random' if not job['hf_dir'] else 'same'} weights)")
+    hf = run_hf_baseline(job, args.hf_timeout)
+    for n, r in hf.get("runs", {}).items():
+        bench.log(f"HF generate, {n} prompts: {r['output_tokens_per_s']:.1f} output tokens/s")
+    if hf.get("error"):
+        bench.log(f"HF peer: {hf['error'][:500]}")
+    return hf
+
+
+def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
+    """Build every mode's LLM first (all compiling happens up front), then prompt counts outer, modes inner: when
+    the time budget runs out, the largest counts go missing, not a whole mode."""
+    import jax
+
+    from jaxspec.bench import engine
+    if args.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.compilation_cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    result = bench.result
+    result["machine"] = machine_info()
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if jax.default_backend() == "gpu" else None)
+    result["dtype"] = dtype or "the checkpoint's"
+    if args.measure_bandwidth:
+        result["bandwidth"] = bench.guard("bandwidth", report.measure_bandwidth, args.bandwidth_bytes)
+        if result["bandwidth"]:
+            bench.log(f"copy bandwidth {result['bandwidth']['tb_s']:.3f} TB/s (read + write)")
+    target = bench.guard("load_target", engine.load_target, src.ckpt, src.hf_config, args.load_format == "dummy",
+                         dtype)
+    llms = {label: bench.guard(f"build {label}", build, args, src, target, spec, bench, prompts, counts)
+            if target and not bench.out_of_time() else None for label, spec in modes}
+    outputs: dict = {}
+    for n in counts:
+        for label, llm in llms.items():
+            for is_async in ([True, False] if args.sweep else [args.async_scheduling]):
+                point = {"num_prompts": n, "mode": label, "async": is_async}
+                point |= timed_point(args, bench, llm, prompts[:n], point, outputs)
+                result["points"].append(point)
+                bench.save()
+    for label, llm in llms.items():
+        if llm is not None and args.profile_dir and not bench.out_of_time():
+            profile(args, bench, llm, label, prompts, counts)
+    llms.clear()
+    gc.collect()
+    compare_outputs(outputs, result)
+
+
+def timed_point(args, bench: Bench, llm, prompts, point: dict, outputs: dict) -> dict:
+    if llm is None:
+        return {"error": "the LLM did not build (see errors)"}
+    if bench.out_of_time():
+        return {"skipped": "time budget spent"}
+    n, label, is_async = point["num_prompts"], point["mode"], point["async"]
+    got = bench.guard(f"run {n} {label} {'async' if is_async else 'sync'}", run_point, llm, prompts,
+                      sampling_params(args, n), is_async)
+    if got is None:
+        return {"error": bench.result["errors"][-1]["error"][:300]}
+    outputs[(n, label, is_async)] = got[1]
+    print_point(point | got[0], llm.engine.k)
+    return got[0]
+
+
+def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, prompts, counts):
+    """One LLM: built, its buckets compiled for this run's sampling mode, warmed up by an untimed generate."""
+    from jaxspec.bench import engine
+    from jaxspec.engine import sampler
+    from jaxspec.llm import LLM
+
+    cfg, weights = target
+    label = mode_label(spec, args.synthetic_acceptance)
+    kwargs = dict(tokenizer=src.tokenizer_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens, async_scheduling=args.async_scheduling,
+                  seed=args.seed, speculative_config=spec, load_format=args.load_format, weights=(cfg, weights),
+                  num_pages=args.max_num_seqs * -(-args.max_model_len // 16) + 1, warmup=args.engine_warmup,
+                  attn_impl=args.attn_impl, layer_loop=args.layer_loop,
+                  decode_buckets=engine.bucket_list(args.decode_buckets, args.max_num_seqs),
+                  prefill_buckets=engine.bucket_list(args.prefill_buckets, args.max_num_batched_tokens))
+    if spec is not None and args.synthetic_acceptance is not None:
+        kwargs["synthetic_acceptance"] = args.synthetic_acceptance
+    t0 = time.perf_counter()
+    llm = LLM(str(src.ckpt or src.label), **kwargs)
+    bench.result["models"][label] = engine.model_bytes(llm)
+    c = llm.engine_config
+    bench.log(f"built {label} in {time.perf_counter() - t0:.1f} s ({llm.model_config.attn_impl} attention, "
+              f"{llm.model_config.layer_loop} layers); decode buckets {c.decode_buckets}, prefill buckets "
+              f"{c.prefill_buckets}")
+    if not args.engine_warmup and not args.no_warmup_compile:
+        t0 = time.perf_counter()
+        flags = sampler.batch_flags([args.temperature], [args.top_k], [args.top_p], cfg.vocab_size)
+        n = bench.guard(f"compile {label}", engine.compile_buckets, llm, *flags, log=bench.log)
+        bench.log(f"compiled {n} programs in {time.perf_counter() - t0:.1f} s")
+    bench.save()
+    t0 = time.perf_counter()
+    n = max(counts)  # the largest batch: every bucket the timed runs use gets its first launch here
+    llm.generate(prompts[:n], sampling_params(args, n, min(args.max_tokens, 16)), use_tqdm=False)
+    bench.log(f"warm-up generate ({n} prompts, {min(args.max_tokens, 16)} tokens) {time.perf_counter() - t0:.1f} s")
+    return llm
+
+
+def profile(args, bench: Bench, llm, label: str, prompts, counts) -> None:
+    from jaxspec.bench.profile import profile_generate
+    n = args.profile_prompts or max(counts)
+    for is_async in (True, False):
+        log_dir = Path(args.profile_dir) / f"{_slug(label)}-{'async' if is_async else 'sync'}"
+        p = bench.guard(f"profile {label} {'async' if is_async else 'sync'}", profile_generate, llm, prompts[:n],
+                        sampling_params(args, n, args.profile_max_tokens), is_async, log_dir)
+        p = p or {"async": is_async, "error": bench.result["errors"][-1]["error"][:300]}
+        bench.result["profile"].append({"mode": label, "num_prompts": n} | p)
+        if p.get("busy_fraction") is not None:
+            bench.log(f"profile {label} {'async' if is_async else 'sync'}: device busy {p['busy_fraction']:.1%} "
+                      f"of {p['span_ms']:.0f} ms ({p['method']}); {p['wall_per_step_ms']:.2f} ms/step wall, "
+                      f"{p['host_busy_per_step_ms']:.2f} ms/step host work")
+        bench.save()
+
+
+def finish(args, result: dict, json_paths: list[Path], plot_path: Path | None = None,
+           render_only: bool = False) -> None:
+    """Roofline, tables, files. Each piece is guarded: a plot that fails does not lose the JSON."""
+    bench = Bench(args, result, json_paths)
+    if not render_only:
+        result["roofline"] = bench.guard("roofline", report.roofline, result) or []
+    print("\n" + report.sweep_table(result))
+    if result.get("roofline"):
+        print("\n" + report.roofline_table(result))
+    if result.get("profile"):
+        print("\n" + report.profile_table(result))
+    for key, ident in result.get("identical", {}).items():
+        where = "" if ident["all"] or ident.get("earliest_differing_token") is None else (
+            f"; differing requests part at token {ident['earliest_differing_token']} at the earliest, "
+            f"{ident['median_differing_token']} at the median")
+        print(f"async vs sync outputs, {key}: {'identical' if ident['all'] else 'DIFFER'} "
+              f"({ident['fraction']:.0%} of requests identical{where})")
+    for e in result.get("errors", []):
+        print(f"ERROR in {e['stage']}: {e['error'][:300]}")
+    if result.get("synthetic_acceptance") is not None:
+        print(f"NOTE: synthetic acceptance p={result['synthetic_acceptance']}: EAGLE outputs are meaningless")
+    if plot_path is not None:
+        result["plot"] = bench.guard("plot", report.plot, result, plot_path)
+    bench.save()
+    if args.update_results_md:
+        bench.guard("results_md", report.update_results_md, args.update_results_md, result)
+    for path in json_paths:
+        print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="bench/throughput.py", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as exc:  # a bad model, head or dataset: nothing could run
+        parser.error(str(exc))

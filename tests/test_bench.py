@@ -1,0 +1,159 @@
+"""The throughput benchmark on CPU: one sweep point (async and sync, EAGLE and plain) on a tiny random model, the
+HF peer on a tiny real checkpoint, the trace arithmetic, and the JSONL reader. Speed is not checked here; the
+plumbing, the printed line and the JSON fields are."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxspec.bench import data, profile, report
+from jaxspec.bench.throughput import main
+
+ROOT = Path(__file__).resolve().parents[1]
+THROUGHPUT = re.compile(r"^Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s",
+                        re.M)
+TINY = data.HF_CONFIGS["tiny"] | {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+                                  "num_attention_heads": 2, "num_key_value_heads": 1}
+SMALL = ["--input-len", "8", "--max-tokens", "8", "--max-num-batched-tokens", "16", "--decode-buckets", "2",
+         "--prefill-buckets", "16", "--no-warmup-compile"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    (tmp / "config.json").write_text(json.dumps(TINY))
+    argv = ["--load-format", "dummy", "--hf-config", str(tmp / "config.json"), "--sweep", "--sweep-prompts", "2",
+            "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}', *SMALL,
+            "--results-dir", str(tmp / "results"), "--output-json", str(tmp / "out.json"),
+            "--update-results-md", str(tmp / "RESULTS.md"), "--profile-dir", str(tmp / "prof"),
+            "--profile-max-tokens", "4", "--measure-bandwidth", "--bandwidth-bytes", str(1 << 20)]
+    return tmp, argv
+
+
+def test_sweep_point(sweep, capsys):
+    tmp, argv = sweep
+    result = main(argv)
+    out = capsys.readouterr().out
+    lines = THROUGHPUT.findall(out)
+    assert len(lines) == 4  # {eagle, no spec} x {async, sync}
+    assert all(float(x) > 0 for line in lines for x in line)
+    assert "mean acceptance length" in out and "per-position acceptance" in out
+    assert not result["errors"], result["errors"]
+
+    saved = json.loads((tmp / "out.json").read_text())
+    assert saved["label"] == result["label"] and saved["machine"]["backend"] == "cpu"
+    assert {(p["mode"], p["async"]) for p in saved["points"]} == {
+        ("eagle k=2", True), ("eagle k=2", False), ("no spec", True), ("no spec", False)}
+    for p in saved["points"]:
+        assert p["num_prompts"] == p["num_requests"] == 2
+        assert p["output_tokens"] == 16 and p["prompt_tokens"] == 16  # ignore_eos: exactly max_tokens each
+        assert p["output_tokens_per_s"] > 0 and p["num_steps"] > 0 and p["recompiles"] == 0
+    eagle = [p for p in saved["points"] if p["mode"] == "eagle k=2"]
+    assert all(len(p["acceptance_rate_per_position"]) == 2 and p["mean_acceptance_length"] >= 1 for p in eagle)
+    assert set(saved["identical"]) == {"2/eagle k=2", "2/no spec"}
+    assert all(v["all"] and v["fraction"] == 1.0 for v in saved["identical"].values())
+    assert saved["models"]["eagle k=2"]["bytes"]["draft_weights_per_pass"] > 0
+    assert len(saved["roofline"]) == 4 and all(r["floor_ms"] > 0 for r in saved["roofline"])
+    assert saved["bandwidth"]["tb_s"] > 0
+    assert len(saved["profile"]) == 4
+    assert all(0 < p["busy_fraction"] <= 1 and p["num_steps"] > 0 for p in saved["profile"])
+    assert list((tmp / "results").glob("*.json"))
+    md = (tmp / "RESULTS.md").read_text()
+    assert result["label"] in md and "| num_prompts | mode |" in md
+
+
+def test_rerender_and_cli(sweep, capsys):
+    """`jaxspec bench throughput --from-json` re-renders a saved run; the section is replaced, not duplicated."""
+    from jaxspec.cli import main as cli_main
+
+    tmp, _ = sweep
+    if not (tmp / "out.json").exists():
+        pytest.skip("needs test_sweep_point's output")
+    cli_main(["bench", "throughput", "--from-json", str(tmp / "out.json"), "--update-results-md",
+              str(tmp / "RESULTS.md")])
+    assert "| num_prompts | mode |" in capsys.readouterr().out
+    label = json.loads((tmp / "out.json").read_text())["label"]
+    assert (tmp / "RESULTS.md").read_text().count(report.MD_BEGIN.format(label)) == 1
+
+
+def test_script_help():
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--help"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0 and "--speculative-config" in run.stdout and "--sweep" in run.stdout
+
+
+def test_hf_peer_agrees(tmp_path, capsys):
+    """The same weights in transformers and here: greedy first tokens agree, and the HF row is reported."""
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = {k: v for k, v in TINY.items() if k != "architectures"}
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    for p in model.parameters():  # larger weights than the default init, so the argmax is decisive
+        p.data.normal_(0, 0.3)
+    model.save_pretrained(tmp_path / "hf")
+    result = main(["--model", str(tmp_path / "hf"), "--num-prompts", "2", "--hf-baseline", *SMALL])
+    out = capsys.readouterr().out
+    assert len(THROUGHPUT.findall(out)) == 1
+    assert not result["errors"], result["errors"]
+    hf = result["hf"]
+    assert not hf.get("error") and not hf["random_weights"]
+    assert hf["runs"]["2"]["output_tokens"] == 16
+    assert result["hf_agreement"]["2/no spec"]["requests_exact"] == 1.0
+
+
+def test_identity():
+    from jaxspec.bench.throughput import identity
+    got = identity([[1, 2, 3], [4, 5, 6], [7, 8]], [[1, 2, 3], [4, 9, 6], [7, 8, 0]])
+    assert got == {"all": False, "fraction": 1 / 3, "first_mismatch": 1, "earliest_differing_token": 1,
+                   "median_differing_token": 2}
+
+
+def test_device_busy_from_trace():
+    """Union of stream intervals inside the annotated span; derived lines and other processes ignored."""
+    ev = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+          {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "pid": 2, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+          {"ph": "M", "pid": 2, "tid": 8, "name": "thread_name", "args": {"name": "Stream #8(MemcpyD2H)"}},
+          {"ph": "M", "pid": 2, "tid": 9, "name": "thread_name", "args": {"name": "XLA Modules"}},
+          {"ph": "X", "pid": 1, "tid": 1, "ts": 100, "dur": 100, "name": profile.ANNOTATION},
+          {"ph": "X", "pid": 2, "tid": 7, "ts": 90, "dur": 20, "name": "gemm"},  # 10 inside the span
+          {"ph": "X", "pid": 2, "tid": 7, "ts": 120, "dur": 30, "name": "fusion"},
+          {"ph": "X", "pid": 2, "tid": 8, "ts": 140, "dur": 20, "name": "MemcpyD2H"},  # overlaps fusion by 10
+          {"ph": "X", "pid": 2, "tid": 9, "ts": 100, "dur": 100, "name": "jit_decode_step"},
+          {"ph": "X", "pid": 1, "tid": 1, "ts": 150, "dur": 40, "name": "host work"}]
+    busy = profile.device_busy({"traceEvents": ev})
+    assert busy["method"] == "device streams" and busy["span_ms"] == pytest.approx(0.1)
+    assert busy["busy_fraction"] == pytest.approx(0.5)  # [100,110) + [120,160)
+    assert busy["compute_busy_fraction"] == pytest.approx(0.4)
+    assert profile.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+
+
+class _Tokenizer:
+    chat_template = "x"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+
+def test_dataset_prompts(tmp_path):
+    rows = [{"question": "q1", "answer": "a"}, {"turns": ["t1", "t2"]}, {"prompt": "p"},
+            {"turns": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "drop"}]}, {"other": 1}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = ["".join(map(chr, ids)) for ids in data.dataset_prompts(path, 5, _Tokenizer())]
+    assert got == ["user:q1|assistant:", "user:t1|assistant:", "user:p|assistant:", "user:u|assistant:",
+                   "user:q1|assistant:"]  # cycled
+    assert data.random_prompts(3, 5, 100, 0) == data.random_prompts(3, 5, 100, 0)
+    with pytest.raises(ValueError, match="tokenizer"):
+        data.dataset_prompts(path, 1, None)
