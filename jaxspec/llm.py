@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
+from jaxspec import parallel
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.llm_engine import LLMEngine
 from jaxspec.engine.model_runner import ModelRunner
@@ -91,10 +91,15 @@ class LLM:
                  attn_impl: str = "auto", layer_loop: str = "auto", max_prefill_seqs: int = 8,
                  load_format: str = "auto", weights: tuple | None = None, warmup: bool = True,
                  synthetic_acceptance: float | None = None, decode_buckets: list[int] | None = None,
-                 prefill_buckets: list[int] | None = None):
+                 prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
+                 draft_tensor_parallel_size: int | None = None):
         from jaxspec.convert.checkpoint import load_model
 
         spec = SpeculativeConfig.parse(speculative_config)
+        tp, draft_tp = tensor_parallel_size, draft_tensor_parallel_size or tensor_parallel_size
+        if draft_tp not in (1, tp):
+            raise ValueError(f"draft_tensor_parallel_size must be 1 (head replicated) or tensor_parallel_size={tp}, "
+                             f"got {draft_tp}")
         if weights is not None:  # (Config, Weights) given directly: tests and embedding in other programs
             target_cfg, target_w = weights
             path = Path(model)
@@ -107,13 +112,16 @@ class LLM:
         target_cfg = target_cfg.replace(
             attn_impl=_default_attn_impl() if attn_impl == "auto" else attn_impl,
             layer_loop=_default_layer_loop() if layer_loop == "auto" else layer_loop)
+        parallel.validate(target_cfg, tp)
         if load_format == "dummy":
             target_w = llama.init(target_cfg, jax.random.key(seed))
+        target_cfg, target_w = parallel.prepare(target_cfg, target_w, tp)
         self.model_config = target_cfg
         self.tokenizer = load_tokenizer(tokenizer or path)
         draft_cfg = draft_w = None
         if spec is not None:
             draft_cfg, draft_w = self._load_draft(spec, target_cfg, target_w, load_format, seed)
+            draft_cfg, draft_w = parallel.prepare(draft_cfg, draft_w, draft_tp, "draft_tensor_parallel_size")
         max_model_len = max_model_len or min(target_cfg.max_position_embeddings, 4096)
         cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
@@ -125,11 +133,17 @@ class LLM:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
                              f"{cfg.max_model_len} ({cfg.pages_per_seq} pages of {cfg.page_size})")
         self.engine_config = cfg
-        target_w = jax.tree.map(jnp.asarray, target_w)
-        draft_w = jax.tree.map(jnp.asarray, draft_w) if draft_w is not None else None
+        mesh = parallel.make_mesh(tp) if tp > 1 else None
+        if mesh is None:
+            target_w = jax.tree.map(jnp.asarray, target_w)
+            draft_w = jax.tree.map(jnp.asarray, draft_w) if draft_w is not None else None
+        else:  # onto their shards now, so the whole copies are freed before the runner allocates the KV pool
+            target_w = parallel.place(target_w, parallel.weight_shardings(target_w, mesh, tp))
+            if draft_w is not None:
+                draft_w = parallel.place(draft_w, parallel.weight_shardings(draft_w, mesh, draft_tp))
         if synthetic_acceptance is not None and (spec is None or load_format != "dummy"):
             raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
-        runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance)
+        runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance, mesh)
         # warmup=False compiles each bucket on first use instead (quicker start for tests and one-off scripts)
         self.num_compiled = runner.warmup() if warmup else 0
         processor = OutputProcessor(self.tokenizer, eos_token_ids(self.tokenizer, path), max_model_len)
@@ -182,9 +196,12 @@ class LLM:
         limit = stats.get("bytes_limit")
         if jax.default_backend() == "cpu" or not limit:
             return enough
-        weight_bytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves((tw, dw)))
+        # per device: tensor parallelism splits weights and KV heads (a draft head at tp 1 is whole on each)
+        weight_bytes = parallel.bytes_per_device(tw, tcfg.tp_size)
+        weight_bytes += parallel.bytes_per_device(dw, dcfg.tp_size) if dcfg else 0
         per_page = 2 * cfg.page_size * tcfg.jnp_dtype.itemsize * (
-            tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim + (dcfg.num_kv_heads * dcfg.head_dim if dcfg else 0))
+            tcfg.num_layers * tcfg.kv_heads_per_shard * tcfg.head_dim
+            + (dcfg.layer_config().kv_heads_per_shard * dcfg.head_dim if dcfg else 0))
         fit = int((limit * cfg.memory_fraction - weight_bytes) // per_page)
         return max(min(fit, enough), cfg.pages_per_seq)
 
