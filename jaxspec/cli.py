@@ -99,8 +99,17 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train_eagle)
 
 
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    from jaxspec import generate
+
+    p = sub.add_parser("generate", help="chat with a model (default: the embedded preset and its EAGLE head)")
+    generate.add_arguments(p)
+    p.set_defaults(func=generate.run)
+
+
 # Subcommand name -> function that registers its parser (and sets `func`).
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
+    "generate": add_generate,
     "convert": add_convert,
     "fetch": add_fetch,
     "train-eagle": add_train_eagle,
