@@ -79,15 +79,14 @@ class ModelRunner:
         return tables
 
     def _sampling(self, seqs: list[Sequence], rows: int) -> tuple[np.ndarray, StepSpec]:
-        """Packed per-row sampling params (padding rows greedy) and the step's static sampling mode."""
-        pad = rows - len(seqs)
-        temperature = [s.params.temperature for s in seqs] + [0.0] * pad
-        top_k = [s.params.top_k for s in seqs] + [0] * pad
-        top_p = [s.params.top_p for s in seqs] + [1.0] * pad
-        seeds = [s.seed for s in seqs] + [0] * pad
+        """Packed per-row sampling params (padding rows all zero: greedy) and the step's static sampling mode."""
+        packed = np.zeros((rows, 4), np.uint32)
+        if seqs:
+            packed[:len(seqs)] = np.stack([s.sampling_row for s in seqs])
+        temperature, top_k, top_p = packed[:, 0].view(np.float32), packed[:, 1].view(np.int32), packed[:, 2].view(
+            np.float32)
         all_greedy, filtered = sampler.batch_flags(temperature, top_k, top_p, self.vocab_size)
-        spec = dataclasses.replace(self.spec, all_greedy=all_greedy, filtered=filtered)
-        return sampler.pack_params(temperature, top_k, top_p, seeds), spec
+        return packed, dataclasses.replace(self.spec, all_greedy=all_greedy, filtered=filtered)
 
     # ---- dispatch
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
 
 from jaxspec.sampling_params import SamplingParams
 
@@ -37,6 +40,13 @@ class Sequence:
     read_offset: int = 0
     num_preemptions: int = 0
     arrival: int = 0
+
+    @cached_property
+    def sampling_row(self) -> np.ndarray:
+        """This request's row of the step's packed sampling params (sampler.pack_params), built once."""
+        from jaxspec.engine.sampler import pack_params
+        p = self.params
+        return pack_params([p.temperature], [p.top_k], [p.top_p], [self.seed])[0]
 
     @property
     def num_tokens(self) -> int:
