@@ -1,0 +1,183 @@
+"""Training data for EAGLE heads: the target regenerates answers to prompts (the EAGLE recipe), kept as tokens.
+
+A dataset is fixed-shape rows, one sequence per row: `tokens [N, seq_len]` int32 (prompt then response, zero
+padding after `lengths`) and `loss_mask [N, seq_len]` (1 on response tokens). Rows are padded, not packed: the
+target's dense forward has no document mask, so packed sequences would attend across each other. Hidden states
+are not stored; the train step recomputes them from the frozen target (cheap next to the head's backward).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.models import llama
+from jaxspec.models.attention import AttnBatch, init_cache
+
+
+@dataclass
+class TokenDataset:
+    tokens: np.ndarray  # [N, seq_len] int32
+    loss_mask: np.ndarray  # [N, seq_len] uint8: 1 where the token is part of the response
+    lengths: np.ndarray  # [N] int32: tokens before the padding
+    meta: dict = field(default_factory=dict)  # provenance: sources, model, max_tokens, eos ids, ...
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:  # a file object, so numpy does not append ".npz" to the name
+            np.savez_compressed(f, tokens=self.tokens, loss_mask=self.loss_mask, lengths=self.lengths,
+                                meta=np.array(json.dumps(self.meta)))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenDataset:
+        with np.load(path) as z:
+            missing = {"tokens", "loss_mask", "lengths"} - set(z.files)
+            if missing:
+                raise ValueError(f"{path}: not a token dataset (missing {sorted(missing)})")
+            meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+            return cls(z["tokens"].astype(np.int32), z["loss_mask"].astype(np.uint8), z["lengths"].astype(np.int32),
+                       meta)
+
+
+def pack(sequences: list[tuple[list[int], list[int]]], seq_len: int, meta: dict | None = None) -> TokenDataset:
+    """(prompt ids, response ids) pairs -> padded rows, truncated to seq_len. Rows whose response would be empty
+    after truncation are dropped."""
+    kept = [(p, r[:seq_len - len(p)]) for p, r in sequences if len(p) < seq_len and r]
+    kept = [(p, r) for p, r in kept if r]
+    tokens = np.zeros((len(kept), seq_len), np.int32)
+    mask = np.zeros((len(kept), seq_len), np.uint8)
+    lengths = np.zeros((len(kept),), np.int32)
+    for i, (p, r) in enumerate(kept):
+        n = len(p) + len(r)
+        tokens[i, :n] = p + r
+        mask[i, len(p):n] = 1
+        lengths[i] = n
+    return TokenDataset(tokens, mask, lengths, dict(meta or {}, num_dropped=len(sequences) - len(kept)))
+
+
+# ---------------------------------------------------------------- prompts
+
+def prompt_text(record: dict, source: str = "jsonl") -> str:
+    """The user turn of one JSONL record: `prompt`, `question` (GSM8K) or the first of `turns` (MT-bench)."""
+    for key in ("prompt", "question"):
+        if isinstance(record.get(key), str):
+            return record[key]
+    turns = record.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        return turns[0]  # later turns would need the model's own earlier answers: regenerated data is one turn
+    raise ValueError(f"{source}: record has none of the fields 'prompt', 'question', 'turns': {sorted(record)}")
+
+
+def read_prompts(paths: list[str | Path], num_prompts: int | None = None) -> list[str]:
+    """The first `num_prompts` prompts of the JSONL files, in order."""
+    prompts: list[str] = []
+    for path in paths:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if num_prompts is not None and len(prompts) >= num_prompts:
+                    return prompts
+                if line.strip():
+                    prompts.append(prompt_text(json.loads(line), f"{path}:{n}"))
+    return prompts
+
+
+def chat_token_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
+    """Each prompt as one user turn through the chat template, ready for generation (as `LLM.chat` does)."""
+    ids = []
+    for text in prompts:
+        conv = [{"role": "user", "content": text}]
+        rendered = tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        ids.append(tokenizer.encode(rendered, add_special_tokens=False))
+    return ids
+
+
+# ---------------------------------------------------------------- regenerating responses
+
+def generate_dataset(llm: Any, prompt_ids: list[list[int]], max_tokens: int, seq_len: int,
+                     meta: dict | None = None, use_tqdm: bool = True) -> TokenDataset:
+    """The target's greedy responses through our engine (`llm` is a jaxspec `LLM`); prompt + response rows.
+
+    Each request asks for at most what still fits in seq_len, so no generated token is thrown away; responses
+    keep their EOS (the head learns to draft it too). Put the EOS ids in `meta["eos_token_ids"]`: EAGLE-3's
+    draft vocabulary always keeps them.
+    """
+    from jaxspec.sampling_params import SamplingParams
+
+    fit = [p for p in prompt_ids if len(p) < seq_len - 1]
+    params = [SamplingParams(temperature=0, max_tokens=min(max_tokens, seq_len - len(p))) for p in fit]
+    outs = llm.generate(fit, params, use_tqdm=use_tqdm) if fit else []
+    pairs = [(list(p), list(o.outputs[0].token_ids)) for p, o in zip(fit, outs)]
+    info = {"num_prompts": len(prompt_ids), "num_too_long": len(prompt_ids) - len(fit), "max_tokens": max_tokens,
+            "seq_len": seq_len}
+    return pack(pairs, seq_len, {**(meta or {}), **info})
+
+
+@partial(jax.jit, static_argnames=("cfg",))
+def _greedy_fill(w: llama.Weights, cfg: llama.Config, tokens: jax.Array, prompt_lens: jax.Array) -> jax.Array:
+    """Fill every row past its prompt with the target's greedy tokens: one token per step for all rows through a
+    KV cache of one T-token page per row (prompt tokens are fed as they are, later ones as sampled)."""
+    N, T = tokens.shape
+    kv = init_cache(cfg.num_layers, cfg.num_kv_heads, N, T, cfg.head_dim, cfg.jnp_dtype)
+    rows = jnp.arange(N, dtype=jnp.int32)
+
+    def body(t, carry):
+        tokens, kv = carry
+        batch = AttnBatch(rows[:, None], (rows * T + t)[:, None])
+        hidden, _, kv = llama.forward(w, cfg, jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1),
+                                      jnp.full((N, 1), t, jnp.int32), kv, batch)
+        nxt = jnp.argmax(llama.lm_head(w, hidden[:, 0]), axis=-1).astype(jnp.int32)  # [N]
+        return tokens.at[:, t + 1].set(jnp.where(t + 1 >= prompt_lens, nxt, tokens[:, t + 1])), kv
+
+    return jax.lax.fori_loop(0, T - 1, body, (tokens, kv))[0]
+
+
+def greedy_dataset(w: llama.Weights, cfg: llama.Config, prompt_ids: list[list[int]], seq_len: int) -> TokenDataset:
+    """Greedy continuations to exactly seq_len tokens by a plain loop (no engine, no scheduler, no EOS): for tiny
+    models in tests, where it compiles one small program."""
+    tokens = np.zeros((len(prompt_ids), seq_len), np.int32)
+    lens = np.array([len(p) for p in prompt_ids], np.int32)
+    if lens.min() < 1 or lens.max() >= seq_len:
+        raise ValueError(f"prompts must have 1 .. {seq_len - 1} tokens")
+    for i, p in enumerate(prompt_ids):
+        tokens[i, :len(p)] = p
+    filled = np.asarray(_greedy_fill(w, cfg.replace(attn_impl="xla"), jnp.asarray(tokens), jnp.asarray(lens)))
+    return pack([(p, filled[i, len(p):].tolist()) for i, p in enumerate(prompt_ids)], seq_len,
+                {"source": "greedy_dataset", "eos_token_ids": []})
+
+
+# ---------------------------------------------------------------- EAGLE-3's reduced vocabulary
+
+def draft_vocab(dataset: TokenDataset, vocab_size: int, draft_vocab_size: int,
+                keep: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """EAGLE-3's draft vocabulary: the `keep` ids (EOS) plus the most frequent response tokens of the data, then
+    prompt tokens, then the lowest unused ids to fill up. Returns (d2t [draft_V] with target id = draft id +
+    d2t[draft id], t2d [V] int32: the draft id of each target id or -1), draft ids ascending in target id."""
+    if not 0 < draft_vocab_size <= vocab_size:
+        raise ValueError(f"draft_vocab_size must be in [1, {vocab_size}], got {draft_vocab_size}")
+    valid = np.arange(dataset.seq_len)[None, :] < dataset.lengths[:, None]
+    response = np.bincount(dataset.tokens[dataset.loss_mask > 0], minlength=vocab_size)[:vocab_size]
+    anywhere = np.bincount(dataset.tokens[valid], minlength=vocab_size)[:vocab_size]
+    # one sort key: keep first, then response counts, then all counts, then low ids (stable sort keeps id order)
+    score = response.astype(np.float64) * (anywhere.max() + 1) + anywhere
+    score[list(keep)] = np.inf
+    chosen = np.sort(np.argsort(-score, kind="stable")[:draft_vocab_size])
+    d2t = (chosen - np.arange(draft_vocab_size)).astype(np.int32)
+    t2d = np.full((vocab_size,), -1, np.int32)
+    t2d[chosen] = np.arange(draft_vocab_size, dtype=np.int32)
+    return d2t, t2d

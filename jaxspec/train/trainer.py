@@ -1,0 +1,258 @@
+"""Training loop for EAGLE heads: optax AdamW, one jitted step with donated state, orbax checkpoints, export.
+
+The frozen target (any dtype; bf16 on the GPU) runs inside the step, the head's parameters and optimizer state
+are fp32. Batches have a fixed shape [batch_size, seq_len], so the step compiles once. Resuming is exact: the
+rows of step s depend only on (seed, s), the noise key is fold_in(rng, s), and the checkpoint holds params,
+optimizer state, step, rng and the metric history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from jaxspec.models import eagle, llama
+from jaxspec.train.data import TokenDataset, draft_vocab
+from jaxspec.train.losses import Frozen, LossConfig, eagle_loss
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class OptConfig:
+    lr: float  # peak learning rate
+    steps: int  # schedule length (the whole run, also when resumed or stopped early)
+    warmup_steps: int  # linear warm-up from 0, then cosine decay to lr * min_lr_ratio at `steps`
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0  # EAGLE and SpecForge train heads without decay
+    clip_norm: float = 0.5  # global gradient norm, as EAGLE
+    b1: float = 0.9
+    b2: float = 0.95  # EAGLE's betas
+
+
+def lr_schedule(oc: OptConfig) -> optax.Schedule:
+    return optax.warmup_cosine_decay_schedule(0.0, oc.lr, oc.warmup_steps, max(oc.steps, oc.warmup_steps + 1),
+                                              oc.lr * oc.min_lr_ratio)
+
+
+def make_optimizer(oc: OptConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(oc.clip_norm),
+                       optax.adamw(lr_schedule(oc), b1=oc.b1, b2=oc.b2, weight_decay=oc.weight_decay))
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["params", "opt_state", "step", "rng"], meta_fields=[])
+@dataclass
+class TrainState:
+    params: eagle.EagleWeights  # fp32; d2t is None here (frozen, in `Frozen`)
+    opt_state: Any
+    step: jax.Array  # [] int32: steps done
+    rng: jax.Array  # [2] uint32 raw key; step s uses fold_in(rng, s)
+
+
+@partial(jax.jit, static_argnames=("tcfg", "hcfg", "lc", "oc"), donate_argnames=("state",))
+def train_step(state: TrainState, frozen: Frozen, tokens: jax.Array, loss_mask: jax.Array, tcfg: llama.Config,
+               hcfg: eagle.EagleConfig, lc: LossConfig, oc: OptConfig) -> tuple[TrainState, dict]:
+    key = jax.random.fold_in(state.rng, state.step)
+    grad_fn = jax.value_and_grad(eagle_loss, has_aux=True)
+    (loss, metrics), grads = grad_fn(state.params, frozen, tokens, loss_mask, key, tcfg, hcfg, lc)
+    updates, opt_state = make_optimizer(oc).update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "total": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(oc)(state.step)}
+    return TrainState(params, opt_state, state.step + 1, state.rng), metrics
+
+
+def batch_indices(num_rows: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+    """Rows of step `step`: consecutive slices of per-epoch permutations keyed on (seed, epoch)."""
+    out: list[np.ndarray] = []
+    start, need = step * batch_size, batch_size
+    while need:
+        epoch, offset = divmod(start, num_rows)
+        take = _permutation(num_rows, seed, epoch)[offset:offset + need]
+        out.append(take)
+        start, need = start + len(take), need - len(take)
+    return np.concatenate(out)
+
+
+_perm_cache: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    if (n, seed, epoch) not in _perm_cache:
+        _perm_cache.clear()
+        _perm_cache[(n, seed, epoch)] = np.random.default_rng([seed, epoch]).permutation(n)
+    return _perm_cache[(n, seed, epoch)]
+
+
+_eagle_init = jax.jit(eagle.init, static_argnums=0)  # eager init compiles one program per leaf
+
+
+def init_head(hcfg: eagle.EagleConfig, tw: llama.Weights, seed: int, d2t: np.ndarray | None,
+              lm_head_from_target: bool = False) -> eagle.EagleWeights:
+    """A fresh fp32 head (random, as SpecForge). EAGLE-3 with `lm_head_from_target` starts its lm_head and final
+    norm from the target's, restricted to the draft vocabulary: on a tiny random target that memorizes faster,
+    but on SmolLM2 it starts the CE at 34 nats (confident wrong logits) instead of log(draft_V)."""
+    w = _eagle_init(hcfg.replace(dtype="float32"), jax.random.key(seed))
+    if hcfg.method == "eagle3":
+        w.d2t = jnp.asarray(d2t)
+        if lm_head_from_target:
+            head = tw.embed.T if tw.lm_head is None else tw.lm_head  # [H, V]
+            ids = jnp.arange(hcfg.draft_vocab_size) + w.d2t
+            w.lm_head = head[:, ids].astype(jnp.float32)
+            w.final_norm = tw.final_norm.astype(jnp.float32)
+    return w
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def _manager(ckpt_dir: str | Path, keep: int):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(Path(ckpt_dir).absolute(), options=options)
+
+
+def save_state(mngr, state: TrainState, history: list[dict], run: dict) -> None:
+    import orbax.checkpoint as ocp
+
+    step = int(state.step)
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            history=ocp.args.JsonSave({"run": run, "history": history})))
+    mngr.wait_until_finished()
+
+
+def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[dict]] | None:
+    """The latest checkpoint (None if there is none); it must come from a run with the same settings."""
+    import orbax.checkpoint as ocp
+
+    step = mngr.latest_step()
+    if step is None:
+        return None
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                     history=ocp.args.JsonRestore()))
+    saved = got["history"]["run"]
+    diff = {k: (saved.get(k), v) for k, v in run.items() if saved.get(k) != v}
+    if diff:
+        raise ValueError(f"{mngr.directory}: checkpoint {step} comes from a different run (saved, now): {diff}")
+    return got["state"], got["history"]["history"]
+
+
+# ---------------------------------------------------------------- the loop
+
+def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cfg: eagle.EagleConfig,
+                dataset: TokenDataset, steps: int, batch_size: int, lr: float = 1e-4, *,
+                ttt_steps: int | None = None, ttt_decay: float = 0.8, w_reg: float = 1.0, w_cls: float = 0.1,
+                noise: float | None = None, compute_dtype: str = "float32", warmup_steps: int | None = None,
+                min_lr_ratio: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.5,
+                keep_tokens: tuple[int, ...] | None = None,
+                init_weights: eagle.EagleWeights | None = None, lm_head_from_target: bool = False,
+                ckpt_dir: str | Path | None = None, ckpt_every: int = 1000, keep_checkpoints: int = 2,
+                resume: bool = False, stop_at: int | None = None, seed: int = 0,
+                progress: bool = True) -> tuple[eagle.EagleWeights, list[dict]]:
+    """Train `head_cfg`'s head on `dataset` against the frozen target. Returns (fp32 weights with d2t, history).
+
+    Defaults follow the papers: EAGLE-1 one step, uniform feature noise of width 0.2 (EAGLE's U(-0.1, 0.1)),
+    loss = w_reg * smooth-L1 + w_cls * CE; EAGLE-3 seven TTT steps weighted ttt_decay**j, no noise.
+    `keep_tokens` (default: the dataset's EOS ids) always enter EAGLE-3's draft vocabulary. `stop_at` ends the
+    run early at that step (the schedule still spans `steps`), e.g. to resume later with `resume=True`, which
+    continues from the latest checkpoint in `ckpt_dir` with the same data order, noise and metric history.
+    `compute_dtype="bfloat16"` runs the head's matmuls in bf16 (the GPU setting); its parameters, the optimizer
+    and the loss reductions stay fp32.
+    """
+    e3 = head_cfg.method == "eagle3"
+    lc = LossConfig(ttt_steps=ttt_steps or (7 if e3 else 1), ttt_decay=ttt_decay, w_reg=w_reg, w_cls=w_cls,
+                    noise=(0.0 if e3 else 0.2) if noise is None else noise, compute_dtype=compute_dtype)
+    oc = OptConfig(lr=lr, steps=steps, warmup_steps=round(0.05 * steps) if warmup_steps is None else warmup_steps,
+                   min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, clip_norm=clip_norm)
+    hcfg = head_cfg.replace(dtype="float32", attn_impl="xla")
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty")
+    d2t = t2d = None
+    if e3:
+        keep = tuple(dataset.meta.get("eos_token_ids", ())) if keep_tokens is None else tuple(keep_tokens)
+        d2t, t2d = draft_vocab(dataset, hcfg.vocab_size, hcfg.draft_vocab_size, keep)
+    frozen = Frozen(target=target_weights, d2t=None if d2t is None else jnp.asarray(d2t),
+                    t2d=None if t2d is None else jnp.asarray(t2d))
+    w = init_weights if init_weights is not None else init_head(hcfg, target_weights, seed, d2t, lm_head_from_target)
+    # fresh fp32 buffers: the step donates them, which must not invalidate the caller's (or the target's) arrays
+    params = jax.tree.map(lambda a: jnp.array(a, jnp.float32, copy=True), dataclasses.replace(w, d2t=None))
+    state = TrainState(params, make_optimizer(oc).init(params), jnp.zeros((), jnp.int32),
+                       jax.random.PRNGKey(seed))
+    history: list[dict] = []
+    run = {"method": hcfg.method, "steps": steps, "batch_size": batch_size, "seq_len": dataset.seq_len,
+           "num_rows": len(dataset), "seed": seed, "lr": lr, "ttt_steps": lc.ttt_steps,
+           "compute_dtype": compute_dtype}
+    mngr = _manager(ckpt_dir, keep_checkpoints) if ckpt_dir is not None else None
+    if resume and mngr is not None:
+        restored = restore_state(mngr, state, run)
+        if restored is not None:
+            state, history = restored
+    start, end = int(state.step), min(steps, stop_at if stop_at is not None else steps)
+
+    t0 = time.perf_counter()  # history's "time": seconds into this call when the step's metrics were read
+    bar = tqdm(total=steps, initial=start, desc=f"train {hcfg.method}", disable=not progress, dynamic_ncols=True)
+    pending = None
+
+    def record(item) -> None:  # reading a step's metrics waits for it: done one step late, so the device stays busy
+        s, m = item
+        m = jax.device_get(m)
+        history.append({"step": s, "loss": float(m["total"]), "step_loss": [float(x) for x in m["loss"]],
+                        "acc": [float(x) for x in m["acc"]], "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
+                        "time": round(time.perf_counter() - t0, 3)})
+        bar.update(s + 1 - bar.n)
+        bar.set_postfix_str(f"loss {history[-1]['loss']:.4f} acc " + "/".join(f"{a:.2f}" for a in history[-1]["acc"]))
+
+    for step in range(start, end):
+        rows = batch_indices(len(dataset), batch_size, step, seed)
+        state, metrics = train_step(state, frozen, dataset.tokens[rows], dataset.loss_mask[rows], target_cfg, hcfg,
+                                    lc, oc)
+        if pending is not None:
+            record(pending)
+        pending = (step, metrics)
+        if mngr is not None and ((step + 1) % ckpt_every == 0 or step + 1 == end):
+            record(pending)
+            pending = None
+            save_state(mngr, state, history, run)
+    if pending is not None:
+        record(pending)
+    bar.close()
+    if mngr is not None:
+        mngr.close()
+    weights = dataclasses.replace(state.params, d2t=frozen.d2t)
+    return weights, history
+
+
+# ---------------------------------------------------------------- export
+
+def export_head(path: str | Path, head_cfg: eagle.EagleConfig, weights: eagle.EagleWeights,
+                dtype: str = "bfloat16", info: dict | None = None) -> Path:
+    """`save_eagle` in `dtype` (config.json + model.safetensors), plus `training.json` when `info` is given."""
+    from jaxspec.convert.eagle import save_eagle
+
+    path = Path(path)
+    cast = lambda a: a.astype(dtype) if a is not None and jnp.issubdtype(a.dtype, jnp.floating) else a
+    save_eagle(str(path), head_cfg.replace(dtype=dtype), jax.tree.map(cast, weights))
+    if info is not None:
+        (path / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    return path
+
+
+def training_info(history: list[dict], wall_s: float, **fields: Any) -> dict:
+    """What `training.json` records: the given fields, the device, wall time and the final metrics."""
+    dev = jax.devices()[0]
+    last = history[-min(len(history), 50):]
+    return {**fields, "steps_done": history[-1]["step"] + 1 if history else 0, "wall_s": round(wall_s, 1),
+            "device": f"{dev.platform}:{getattr(dev, 'device_kind', '')}", "jax": jax.__version__,
+            "final_loss_avg50": float(np.mean([h["loss"] for h in last])) if last else None,
+            "final_acc_avg50": np.mean([h["acc"] for h in last], axis=0).round(4).tolist() if last else None,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
