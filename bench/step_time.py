@@ -18,19 +18,15 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.report import measure_bandwidth  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
+from jaxspec.bench.engine import decode_step_time  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
-from jaxspec.engine.sequence import Sequence  # noqa: E402
-from jaxspec.engine.step import SlotState  # noqa: E402
 from jaxspec.models import eagle, llama  # noqa: E402
-from jaxspec.sampling_params import SamplingParams  # noqa: E402
 
 
 def nbytes(tree) -> int:
@@ -44,24 +40,7 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None)
     ec.num_pages = B * ec.pages_per_seq
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, cfg.vocab_size, (B + 1, 1 + k)).astype(np.int32)
-    runner.state = SlotState(tokens=jnp.asarray(tokens), seq_len=jnp.full((B + 1,), context, jnp.int32))
-    greedy = SamplingParams(temperature=0)
-    seqs = [Sequence(request_id=i, prompt_token_ids=[0], params=greedy, seed=0, slot=i,
-                     pages=list(range(i * ec.pages_per_seq, (i + 1) * ec.pages_per_seq))) for i in range(B)]
-    for _ in range(3):
-        out = runner.decode(seqs)
-    np.asarray(out)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        out = runner.decode(seqs)
-    np.asarray(out)
-    pipelined = (time.perf_counter() - t0) / iters
-    t0 = time.perf_counter()
-    for _ in range(10):
-        np.asarray(runner.decode(seqs))
-    blocking = (time.perf_counter() - t0) / 10
+    pipelined, blocking = decode_step_time(runner, B, context, iters)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.jnp_dtype.itemsize
     mean_context = context + iters * (k + 1) / 2
     return {"batch": B, "k": k, "context": context, "step_s": pipelined, "step_blocking_s": blocking,

@@ -25,33 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec import LLM, SamplingParams, parallel  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
-from jaxspec.engine.sequence import Sequence  # noqa: E402
-from jaxspec.engine.step import SlotState  # noqa: E402
+from jaxspec.bench.engine import decode_step_time  # noqa: E402
 
 
 def step_time(llm: LLM, B: int, context: int, iters: int) -> float:
-    """Seconds per decode step at batch B, every slot at `context` tokens (the slots' pages: 0, 1, 2, ...)."""
-    runner, cfg = llm.engine.runner, llm.engine_config
-    pages = cfg.pages_per_seq
-    if B * pages > cfg.num_pages:
-        raise ValueError(f"batch {B} at max_model_len {cfg.max_model_len} needs {B * pages} pages, "
-                         f"the pool has {cfg.num_pages}")
-    rng = np.random.default_rng(0)
-    state = SlotState(tokens=rng.integers(0, llm.model_config.vocab_size, (runner.num_slots + 1, 1 + runner.k),
-                                          dtype=np.int32),
-                      seq_len=np.full((runner.num_slots + 1,), context, np.int32))
-    sharding = runner.spec.shardings
-    runner.state = jax.device_put(state, sharding.replicated if sharding else jax.devices()[0])
-    seqs = [Sequence(request_id=i, prompt_token_ids=[0], params=SamplingParams(temperature=0), seed=0, slot=i,
-                     pages=list(range(i * pages, (i + 1) * pages))) for i in range(B)]
-    for _ in range(3):
-        out = runner.decode(seqs)
-    np.asarray(out)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        out = runner.decode(seqs)
-    np.asarray(out)
-    return (time.perf_counter() - t0) / iters
+    """Seconds per decode step at batch B, every slot at `context` tokens, steps dispatched back to back."""
+    return decode_step_time(llm.engine.runner, B, context, iters)[0]
 
 
 def main() -> None:

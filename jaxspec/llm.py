@@ -80,6 +80,17 @@ def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
     return ids
 
 
+def _place_weights(target_w, draft_w, mesh, tp: int, draft_tp: int) -> tuple:
+    """On the device; under tensor parallelism straight onto their shards, so the whole copies are freed before
+    the runner allocates the KV pool."""
+    if mesh is None:
+        return jax.tree.map(jnp.asarray, target_w), (None if draft_w is None else jax.tree.map(jnp.asarray, draft_w))
+    target_w = parallel.place(target_w, parallel.weight_shardings(target_w, mesh, tp))
+    if draft_w is not None:
+        draft_w = parallel.place(draft_w, parallel.weight_shardings(draft_w, mesh, draft_tp))
+    return target_w, draft_w
+
+
 class LLM:
     """`LLM(model=...)` loads a converted checkpoint, an HF Llama directory, or a preset name (e.g.
     "smollm2-135m-instruct", fetched and converted on first use)."""
@@ -93,34 +104,26 @@ class LLM:
                  synthetic_acceptance: float | None = None, decode_buckets: list[int] | None = None,
                  prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
                  draft_tensor_parallel_size: int | None = None):
-        from jaxspec.convert.checkpoint import load_model
-
         spec = SpeculativeConfig.parse(speculative_config)
         tp, draft_tp = tensor_parallel_size, draft_tensor_parallel_size or tensor_parallel_size
         if draft_tp not in (1, tp):
             raise ValueError(f"draft_tensor_parallel_size must be 1 (head replicated) or tensor_parallel_size={tp}, "
                              f"got {draft_tp}")
-        if weights is not None:  # (Config, Weights) given directly: tests and embedding in other programs
-            target_cfg, target_w = weights
-            path = Path(model)
-        elif load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
-            path = Path(model)
-            target_cfg = self._dummy_config(path, dtype)
-        else:
-            path = self._resolve(model)
-            target_cfg, target_w = load_model(path, _default_dtype() if dtype == "auto" else dtype)
+        if synthetic_acceptance is not None and (spec is None or load_format != "dummy"):
+            raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        path, target_cfg, target_w = self._load_target(model, weights, load_format, dtype, seed)
         target_cfg = target_cfg.replace(
             attn_impl=_default_attn_impl() if attn_impl == "auto" else attn_impl,
             layer_loop=_default_layer_loop() if layer_loop == "auto" else layer_loop)
         parallel.validate(target_cfg, tp)
-        if load_format == "dummy":
+        if target_w is None:
             target_w = llama.init(target_cfg, jax.random.key(seed))
         target_cfg, target_w = parallel.prepare(target_cfg, target_w, tp)
         self.model_config = target_cfg
         self.tokenizer = load_tokenizer(tokenizer or path)
         draft_cfg = draft_w = None
         if spec is not None:
-            draft_cfg, draft_w = self._load_draft(spec, target_cfg, target_w, load_format, seed)
+            draft_cfg, draft_w = self._load_draft(spec, target_cfg, load_format, seed)
             draft_cfg, draft_w = parallel.prepare(draft_cfg, draft_w, draft_tp, "draft_tensor_parallel_size")
         max_model_len = max_model_len or min(target_cfg.max_position_embeddings, 4096)
         cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -134,21 +137,27 @@ class LLM:
                              f"{cfg.max_model_len} ({cfg.pages_per_seq} pages of {cfg.page_size})")
         self.engine_config = cfg
         mesh = parallel.make_mesh(tp) if tp > 1 else None
-        if mesh is None:
-            target_w = jax.tree.map(jnp.asarray, target_w)
-            draft_w = jax.tree.map(jnp.asarray, draft_w) if draft_w is not None else None
-        else:  # onto their shards now, so the whole copies are freed before the runner allocates the KV pool
-            target_w = parallel.place(target_w, parallel.weight_shardings(target_w, mesh, tp))
-            if draft_w is not None:
-                draft_w = parallel.place(draft_w, parallel.weight_shardings(draft_w, mesh, draft_tp))
-        if synthetic_acceptance is not None and (spec is None or load_format != "dummy"):
-            raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        target_w, draft_w = _place_weights(target_w, draft_w, mesh, tp, draft_tp)
         runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance, mesh)
         # warmup=False compiles each bucket on first use instead (quicker start for tests and one-off scripts)
         self.num_compiled = runner.warmup() if warmup else 0
         processor = OutputProcessor(self.tokenizer, eos_token_ids(self.tokenizer, path), max_model_len)
         self.engine = LLMEngine(cfg, runner, processor)
         self._next_request = 0
+
+    @classmethod
+    def _load_target(cls, model: str, weights: tuple | None, load_format: str, dtype: str,
+                     seed: int) -> tuple[Path, llama.Config, llama.Weights | None]:
+        """(path, config, weights); weights None for load_format='dummy' (random ones are made after the config
+        is final)."""
+        if weights is not None:  # (Config, Weights) given directly: tests and embedding in other programs
+            return Path(model), *weights
+        if load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
+            return Path(model), cls._dummy_config(Path(model), dtype), None
+        from jaxspec.convert.checkpoint import load_model
+
+        path = cls._resolve(model)
+        return path, *load_model(path, _default_dtype() if dtype == "auto" else dtype)
 
     @staticmethod
     def _resolve(model: str) -> Path:
@@ -173,7 +182,7 @@ class LLM:
         return llama.Config.from_hf(hf, dtype=dtype, source=str(config_file))
 
     @staticmethod
-    def _load_draft(spec: SpeculativeConfig, target_cfg: llama.Config, target_w: llama.Weights, load_format: str,
+    def _load_draft(spec: SpeculativeConfig, target_cfg: llama.Config, load_format: str,
                     seed: int) -> tuple[eagle.EagleConfig, eagle.EagleWeights]:
         from jaxspec.convert.eagle import load_eagle
         if load_format == "dummy":  # a head shaped like one target layer, random weights
@@ -218,23 +227,25 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, params_list)):
             text, ids = self._tokenize(i, prompt)
             try:
-                p.validate()
+                self._validate(ids, p)
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from None
-            if p.stop and self.tokenizer is None:
-                raise ValueError(f"request {i}: stop strings need a tokenizer; this model has none")
-            if len(ids) >= self.engine_config.max_model_len:
-                raise ValueError(f"request {i}: the prompt has {len(ids)} tokens, but max_model_len="
-                                 f"{self.engine_config.max_model_len} leaves no room to generate")
-            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-            if bad:
-                raise ValueError(f"request {i}: token ids {bad[:5]} are outside the vocabulary "
-                                 f"[0, {self.model_config.vocab_size})")
-            seed = p.seed if p.seed is not None else (self.engine_config.seed * 1_000_003 + self._next_request + i) % 2**32
-            seqs.append(Sequence(request_id=self._next_request + i, prompt_token_ids=ids, params=p, seed=seed,
-                                 prompt=text, arrival=self._next_request + i))
+            rid = self._next_request + i
+            seed = p.seed if p.seed is not None else (self.engine_config.seed * 1_000_003 + rid) % 2**32
+            seqs.append(Sequence(request_id=rid, prompt_token_ids=ids, params=p, seed=seed, prompt=text, arrival=rid))
         self._next_request += len(seqs)
         return seqs
+
+    def _validate(self, ids: list[int], p: SamplingParams) -> None:
+        p.validate()
+        if p.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none")
+        if len(ids) >= self.engine_config.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, but max_model_len="
+                             f"{self.engine_config.max_model_len} leaves no room to generate")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
 
     def _tokenize(self, i: int, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

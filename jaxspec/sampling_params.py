@@ -33,7 +33,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be 0 (off), -1 (off) or a positive integer, got {self.top_k!r}")
+            raise ValueError(f"SamplingParams.top_k must be 0 or -1 (off) or a positive integer, got {self.top_k!r}")
         if any(not s for s in self.stop):
             raise ValueError("SamplingParams.stop must not contain empty strings")
         if self.seed is not None and not 0 <= self.seed < 2**32:

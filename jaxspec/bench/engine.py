@@ -116,3 +116,36 @@ def model_bytes(llm: LLM) -> dict:
         b["kv_per_token_draft"] = 2 * dcfg.num_kv_heads * dcfg.head_dim * itemsize
     return {"config": dataclasses.asdict(tcfg), "draft_config": dataclasses.asdict(dcfg) if dcfg else None,
             "total_weight_bytes": _nbytes(tw, dw), "bytes": b}
+
+
+def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, float]:
+    """Seconds per decode step at batch B with every slot at `context` tokens (slot i owns pages i*P .. i*P+P-1):
+    steps dispatched back to back, as the async engine keeps the device busy, and steps read one at a time."""
+    from jaxspec.engine.sequence import Sequence
+    from jaxspec.engine.step import SlotState
+    from jaxspec.sampling_params import SamplingParams
+
+    cfg = runner.cfg
+    pages = cfg.pages_per_seq
+    if B * pages > cfg.num_pages:
+        raise ValueError(f"batch {B} at max_model_len {cfg.max_model_len} needs {B * pages} pages, "
+                         f"the pool has {cfg.num_pages}")
+    rng = np.random.default_rng(0)
+    state = SlotState(tokens=rng.integers(0, runner.vocab_size, (runner.num_slots + 1, 1 + runner.k), dtype=np.int32),
+                      seq_len=np.full((runner.num_slots + 1,), context, np.int32))
+    sharding = runner.spec.shardings
+    runner.state = jax.device_put(state, sharding.replicated if sharding else jax.devices()[0])
+    seqs = [Sequence(request_id=i, prompt_token_ids=[0], params=SamplingParams(temperature=0), seed=0, slot=i,
+                     pages=list(range(i * pages, (i + 1) * pages))) for i in range(B)]
+    for _ in range(3):
+        out = runner.decode(seqs)
+    np.asarray(out)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = runner.decode(seqs)
+    np.asarray(out)
+    pipelined = (time.perf_counter() - t0) / iters
+    t0 = time.perf_counter()
+    for _ in range(min(iters, 10)):
+        np.asarray(runner.decode(seqs))
+    return pipelined, (time.perf_counter() - t0) / min(iters, 10)
