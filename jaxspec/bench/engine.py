@@ -137,15 +137,17 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, f
     runner.state = jax.device_put(state, sharding.replicated if sharding else jax.devices()[0])
     seqs = [Sequence(request_id=i, prompt_token_ids=[0], params=SamplingParams(temperature=0), seed=0, slot=i,
                      pages=list(range(i * pages, (i + 1) * pages))) for i in range(B)]
+    tables = np.full((runner.num_slots + 1, pages), -1, np.int32)
+    tables[:B] = np.arange(B * pages, dtype=np.int32).reshape(B, pages)
     for _ in range(3):
-        out = runner.decode(seqs)
+        out = runner.decode(seqs, tables)
     np.asarray(out)
     t0 = time.perf_counter()
     for _ in range(iters):
-        out = runner.decode(seqs)
+        out = runner.decode(seqs, tables)
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
     t0 = time.perf_counter()
     for _ in range(min(iters, 10)):
-        np.asarray(runner.decode(seqs))
+        np.asarray(runner.decode(seqs, tables))
     return pipelined, (time.perf_counter() - t0) / min(iters, 10)

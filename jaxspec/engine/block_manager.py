@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from jaxspec.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_pages: int, page_size: int, pages_per_seq: int):
+    def __init__(self, num_pages: int, page_size: int, pages_per_seq: int, num_slots: int):
         self.page_size = page_size
         self.pages_per_seq = pages_per_seq
         self.num_pages = num_pages
         self.free_page_ids: deque[int] = deque(range(num_pages))
+        # Every slot's block table, kept current as pages come and go, so a step's tables are one gather by slot.
+        # Row num_slots (padding rows) and unallocated entries are -1.
+        self.tables = np.full((num_slots + 1, pages_per_seq), -1, np.int32)
 
     @property
     def num_free(self) -> int:
@@ -26,12 +31,15 @@ class BlockManager:
         return self.pages_for(num_positions) - len(seq.pages) <= self.num_free
 
     def grow(self, seq: Sequence, num_positions: int) -> None:
-        """Give `seq` pages for positions [0, num_positions); the caller checked `can_grow`."""
-        for _ in range(self.pages_for(num_positions) - len(seq.pages)):
+        """Give `seq` (holding a slot) pages for positions [0, num_positions); the caller checked `can_grow`."""
+        have = len(seq.pages)
+        for _ in range(self.pages_for(num_positions) - have):
             seq.pages.append(self.free_page_ids.popleft())
+        self.tables[seq.slot, have:len(seq.pages)] = seq.pages[have:]
 
     def free(self, seq: Sequence) -> None:
         """Return a sequence's pages. Safe while steps that use them are in flight: the device runs steps in
         order, so a later owner's writes land after them."""
         self.free_page_ids.extend(seq.pages)
+        self.tables[seq.slot] = -1
         seq.pages = []

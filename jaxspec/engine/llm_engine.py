@@ -57,7 +57,7 @@ class LLMEngine:
         self.cfg = cfg
         self.runner = runner
         self.k = cfg.num_speculative_tokens
-        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq)
+        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens)
         self.spec_metrics = SpecMetrics(accepted_per_position=[0] * self.k)
         self.times = StepTimes()
@@ -78,8 +78,9 @@ class LLMEngine:
         while self.scheduler.has_unfinished() or pending:
             plan = self.scheduler.schedule() if self.scheduler.has_unfinished() else StepPlan()
             if plan:
-                prefill_out = self.runner.prefill(plan.prefill) if plan.prefill else None
-                decode_out = self.runner.decode(plan.decode) if plan.decode else None
+                tables = self.block_manager.tables
+                prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
+                decode_out = self.runner.decode(plan.decode, tables) if plan.decode else None
                 self._record("dispatch", step)
                 pending.append((step, plan, prefill_out, decode_out))
                 step += 1

@@ -41,6 +41,8 @@ class ModelRunner:
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
         self.state = SlotState.init(self.num_slots, self.k)
+        # each slot's packed sampling params (sampler.pack_params), set when its sequence's prefill is planned
+        self.slot_sampling = np.zeros((self.num_slots + 1, 4), np.uint32)
         shardings = None
         if mesh is not None:
             shardings = parallel.StepShardings(
@@ -54,6 +56,9 @@ class ModelRunner:
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
                              synthetic_acceptance=synthetic_acceptance, shardings=shardings)
+        # the step's static spec for each sampling mode (all_greedy, filtered), built once
+        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f)
+                       for g in (True, False) for f in (True, False)}
         dtype = target_cfg.jnp_dtype
         target_kv = parallel.make_cache(target_cfg.num_layers, target_cfg.num_cached_kv_heads, cfg.num_pages,
                                         cfg.page_size, target_cfg.head_dim, dtype, shardings and shardings.target_kv)
@@ -72,48 +77,45 @@ class ModelRunner:
 
     # ---- building the host arrays
 
-    def _tables(self, seqs: list[Sequence], rows: int) -> np.ndarray:
-        tables = np.full((rows, self.cfg.pages_per_seq), -1, np.int32)
-        for i, seq in enumerate(seqs):
-            tables[i, :len(seq.pages)] = seq.pages
-        return tables
+    def _sampling(self, slots: np.ndarray) -> tuple[np.ndarray, StepSpec]:
+        """Packed sampling params of these slots (padding rows all zero: greedy) and the step's sampling mode."""
+        packed = self.slot_sampling[slots]
+        temperature, top_k, top_p = (packed[:, 0].view(np.float32), packed[:, 1].view(np.int32),
+                                     packed[:, 2].view(np.float32))
+        return packed, self._specs[sampler.batch_flags(temperature, top_k, top_p, self.vocab_size)]
 
-    def _sampling(self, seqs: list[Sequence], rows: int) -> tuple[np.ndarray, StepSpec]:
-        """Packed per-row sampling params (padding rows all zero: greedy) and the step's static sampling mode."""
-        packed = np.zeros((rows, 4), np.uint32)
-        if seqs:
-            packed[:len(seqs)] = np.stack([s.sampling_row for s in seqs])
-        temperature, top_k, top_p = packed[:, 0].view(np.float32), packed[:, 1].view(np.int32), packed[:, 2].view(
-            np.float32)
-        all_greedy, filtered = sampler.batch_flags(temperature, top_k, top_p, self.vocab_size)
-        return packed, dataclasses.replace(self.spec, all_greedy=all_greedy, filtered=filtered)
+    def _slots(self, seqs: list[Sequence], rows: int) -> np.ndarray:
+        slots = np.full((rows,), self.num_slots, np.int32)
+        slots[:len(seqs)] = np.fromiter((s.slot for s in seqs), np.int32, len(seqs))
+        return slots
 
     # ---- dispatch
 
-    def decode(self, seqs: list[Sequence]) -> jax.Array:
-        """Dispatch one verify+draft step for these decoding sequences; returns out [B, k+2] (first len(seqs)
-        rows are theirs)."""
+    def decode(self, seqs: list[Sequence], tables: np.ndarray) -> jax.Array:
+        """Dispatch one verify+draft step for these decoding sequences; `tables` [slots + 1, pages] holds every
+        slot's block table. Returns out [B, k+2] (the first len(seqs) rows are theirs)."""
         B = pick_bucket(self.cfg.decode_buckets, len(seqs))
-        rows = np.full((B, 1 + self.cfg.pages_per_seq), -1, np.int32)
-        rows[:, 0] = self.num_slots
-        rows[:len(seqs), 0] = [s.slot for s in seqs]
-        rows[:, 1:] = self._tables(seqs, B)
-        sampling, spec = self._sampling(seqs, B)
+        slots = self._slots(seqs, B)
+        rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
+        sampling, spec = self._sampling(slots)
         self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows, sampling, spec)
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
 
-    def prefill(self, chunks: list[PrefillChunk]) -> jax.Array:
+    def prefill(self, chunks: list[PrefillChunk], tables: np.ndarray) -> jax.Array:
         """Dispatch one ragged prefill step; returns out [R, 2] = (1 if a first token was sampled, token)."""
         n_tokens = sum(c.length for c in chunks)
         N = pick_bucket(self.cfg.prefill_buckets, n_tokens)
         R = self.cfg.max_prefill_seqs
+        for c in chunks:  # the slot's sampling params, for this and every later step of the sequence
+            self.slot_sampling[c.seq.slot] = c.seq.sampling_row
+        slots = self._slots([c.seq for c in chunks], R)
         tok = np.zeros((N, 4), np.int32)
         tok[:, 2] = -1  # padding tokens belong to no row
         rows = np.zeros((R, 3 + self.cfg.pages_per_seq), np.int32)
-        rows[:, 0] = self.num_slots
-        rows[:, 3:] = self._tables([c.seq for c in chunks], R)
+        rows[:, 0] = slots
+        rows[:, 3:] = tables[slots]
         at = 0
         for r, c in enumerate(chunks):
             ids = c.seq.prefill_token_ids
@@ -124,9 +126,9 @@ class ModelRunner:
             tok[at + len(nxt):at + c.length, 1] = -1  # the prompt's last token pairs with the token sampled here
             tok[at:at + c.length, 2] = r
             tok[at:at + c.length, 3] = np.arange(c.start, end)
-            rows[r, :3] = (c.seq.slot, at + c.length - 1, int(c.is_last))
+            rows[r, 1:3] = (at + c.length - 1, int(c.is_last))
             at += c.length
-        sampling, spec = self._sampling([c.seq for c in chunks], R)
+        sampling, spec = self._sampling(slots)
         self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows, sampling,
                                                     spec)
         out = out.addressable_data(0) if self._local else out
@@ -139,7 +141,7 @@ class ModelRunner:
         count, out = 0, None
         P, R = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs
         for all_greedy, filtered in ((True, False), (False, False), (False, True)):
-            spec = dataclasses.replace(self.spec, all_greedy=all_greedy, filtered=filtered)
+            spec = self._specs[all_greedy, filtered]
             for B in self.cfg.decode_buckets:
                 rows = np.full((B, 1 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots

@@ -73,6 +73,8 @@ class Scheduler:
 
     def _reserve_decode(self, seq: Sequence, allow_preempt: bool) -> bool:
         need = self._decode_positions(seq)
+        if self.block_manager.pages_for(need) <= len(seq.pages):
+            return True  # the common case: the pages it holds already cover this step
         while not self.block_manager.can_grow(seq, need):
             if not allow_preempt:
                 return False
@@ -138,11 +140,11 @@ class Scheduler:
             if chunk.is_last:
                 seq.inflight_max_tokens -= 1
                 self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [])
-        for i, seq in enumerate(plan.decode):
+        rows = decode_out.tolist() if plan.decode else []  # one conversion, not one per row
+        for seq, row in zip(plan.decode, rows):
             seq.num_inflight -= 1
             seq.inflight_max_tokens -= self.k + 1
-            count = int(decode_out[i, 0])
-            self._emit(seq, decode_out[i, 1:1 + count].tolist())
+            self._emit(seq, row[1:1 + row[0]])
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
         if seq.is_finished or not tokens:
