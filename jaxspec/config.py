@@ -32,12 +32,12 @@ class SpeculativeConfig:
         return cls(method=method, model=str(spec["model"]), num_speculative_tokens=k)
 
 
-def buckets_up_to(limit: int, smallest: int = 1) -> list[int]:
-    """Powers of two from `smallest` below `limit`, then `limit`: the padded sizes we compile for."""
+def buckets_up_to(limit: int, smallest: int = 1, factor: int = 2) -> list[int]:
+    """Geometric sizes from `smallest` below `limit`, then `limit`: the padded sizes we compile for."""
     sizes, b = [], smallest
     while b < limit:
         sizes.append(b)
-        b *= 2
+        b *= factor
     return sizes + [limit]
 
 
@@ -62,8 +62,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self.max_prefill_seqs = min(self.max_prefill_seqs, self.max_num_seqs)
         self.decode_buckets = sorted(self.decode_buckets or buckets_up_to(self.max_num_seqs))
-        self.prefill_buckets = sorted(self.prefill_buckets or buckets_up_to(self.max_num_batched_tokens,
-                                                                           min(16, self.max_num_batched_tokens)))
+        # prefill sizes grow by 4x: a prompt pays at most 4x its tokens in padding, and each bucket is a compile
+        # (tens of seconds on a GPU with the unrolled layer loop)
+        self.prefill_buckets = sorted(self.prefill_buckets or buckets_up_to(
+            self.max_num_batched_tokens, min(16, self.max_num_batched_tokens), factor=4))
         if self.decode_buckets[-1] < self.max_num_seqs:
             raise ValueError(f"decode_buckets {self.decode_buckets} must reach max_num_seqs={self.max_num_seqs}")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:
