@@ -193,21 +193,29 @@ def forward(w: EagleWeights, cfg: EagleConfig, target_embed: jax.Array, tokens: 
     if hidden.shape[-1] != want:
         raise ValueError(f"{cfg.method} head: hidden has width {hidden.shape[-1]}, expected {want} "
                          f"(from_target={from_target})")
+    attn_in, residual = layer_input(w, cfg, target_embed, tokens, hidden, from_target)
+    a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, llama.rope_inv_freq(lcfg), kv, 0, batch)
+    return layer_output(w, cfg, residual + a), kv
+
+
+def layer_input(w: EagleWeights, cfg: EagleConfig, target_embed: jax.Array, tokens: jax.Array, hidden: jax.Array,
+                from_target: bool) -> tuple[jax.Array, jax.Array]:
+    """(attention input, residual) of the head's layer: EAGLE-1 fc(cat(embed, hidden)) for both; EAGLE-3
+    cat(input_norm(embed), hidden_norm(h)) and h, with h = fc(hidden) for target features."""
     eps = cfg.rms_norm_eps
     embed = (target_embed if w.embed is None else w.embed)[tokens].astype(w.wqkv.dtype)  # [B, T, H]
     if cfg.method == "eagle":
         x = _fc(w, jnp.concatenate([embed, hidden.astype(embed.dtype)], axis=-1))  # [B, T, H]
-        residual, attn_in = x, x  # EAGLE-1's layer 0 has no input norm
-    else:
-        h = _fc(w, hidden) if from_target else hidden.astype(w.wqkv.dtype)  # [B, T, H]
-        attn_in = jnp.concatenate([llama.rms_norm(embed, w.input_norm, eps),
-                                   llama.rms_norm(h, w.hidden_norm, eps)], axis=-1)  # [B, T, 2H]
-        residual = h
-    a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, llama.rope_inv_freq(lcfg), kv, 0, batch)
-    x = residual + a
-    x = x + llama.mlp(llama.rms_norm(x, w.mlp_norm, eps), w.w_gate_up, w.w_down, cfg.tp_size)
-    return x, kv
+        return x, x  # EAGLE-1's layer 0 has no input norm
+    h = _fc(w, hidden) if from_target else hidden.astype(w.wqkv.dtype)  # [B, T, H]
+    attn_in = jnp.concatenate([llama.rms_norm(embed, w.input_norm, eps),
+                               llama.rms_norm(h, w.hidden_norm, eps)], axis=-1)  # [B, T, 2H]
+    return attn_in, h
 
+
+def layer_output(w: EagleWeights, cfg: EagleConfig, x: jax.Array) -> jax.Array:
+    """The layer's MLP half on x = residual + attention: the head's pre-norm output."""
+    return x + llama.mlp(llama.rms_norm(x, w.mlp_norm, cfg.rms_norm_eps), w.w_gate_up, w.w_down, cfg.tp_size)
 
 def draft_logits(w: EagleWeights, cfg: EagleConfig, target_weights: llama.Weights, out: jax.Array) -> jax.Array:
     """fp32 logits [B, T, draft_V] from `out` [B, T, H]: the target's lm_head (EAGLE-1) or the head's own."""

@@ -218,10 +218,9 @@ def mlp(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, tp: int = 1) -> j
     return (jax.nn.silu(gate) * up).reshape(*x.shape[:-1], -1) @ w_down
 
 
-def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax.Array, cfg: Config,
-                    inv_freq: np.ndarray, kv: KVCache | None, layer: jax.Array | int,
-                    batch: AttnBatch | None) -> tuple[jax.Array, KVCache | None]:
-    """Self-attention over the paged cache (after writing this chunk's K/V into it), or dense when kv is None."""
+def qkv_projection(x: jax.Array, wqkv: jax.Array, positions: jax.Array, cfg: Config,
+                   inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [B, T, in] -> q [B, T, heads, D], k and v [B, T, cached kv heads, D], RoPE applied to q and k."""
     B, T, _ = x.shape
     tp, D = cfg.tp_size, cfg.head_dim
     q_local, kv_local = cfg.num_heads // tp * D, cfg.kv_heads_per_shard * D  # columns per shard
@@ -229,10 +228,18 @@ def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax
     q, k, v = jnp.split(qkv, [q_local, q_local + kv_local], axis=-1)
     q = apply_rope(q.reshape(B, T, cfg.num_heads, D), positions, inv_freq)
     k = apply_rope(k.reshape(B, T, cfg.num_cached_kv_heads, D), positions, inv_freq)
-    v = v.reshape(B, T, cfg.num_cached_kv_heads, D)
+    return q, k, v.reshape(B, T, cfg.num_cached_kv_heads, D)
+
+
+def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax.Array, cfg: Config,
+                    inv_freq: np.ndarray, kv: KVCache | None, layer: jax.Array | int,
+                    batch: AttnBatch | None) -> tuple[jax.Array, KVCache | None]:
+    """Self-attention over the paged cache (after writing this chunk's K/V into it), or dense when kv is None."""
+    B, T, _ = x.shape
+    q, k, v = qkv_projection(x, wqkv, positions, cfg, inv_freq)
     if kv is not None:
         kv = write_kv(kv, layer, k, v, batch.slot_mapping)
-    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl, tp)  # [B, T, heads, head_dim]
+    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl, cfg.tp_size)  # [B, T, heads, head_dim]
     return out.reshape(B, T, cfg.q_size) @ wo, kv
 
 

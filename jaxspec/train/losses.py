@@ -86,28 +86,15 @@ def head_step(w: eagle.EagleWeights, cfg: eagle.EagleConfig, target_embed: jax.A
     """`eagle.forward` (dense, kv=None) with the training-time-test attention. Step 0 (kv0 None) is exactly
     eagle.forward's causal pass; later steps attend to kv0 (tree mask) and `chain` plus their own K/V.
     Returns (out [B, T, H], this step's (k, v) [B, T, KVH, D])."""
-    lcfg, eps = cfg.layer_config(), cfg.rms_norm_eps
-    embed = (target_embed if w.embed is None else w.embed)[tokens].astype(w.wqkv.dtype)  # [B, T, H]
-    if cfg.method == "eagle":
-        x = eagle._fc(w, jnp.concatenate([embed, hidden.astype(embed.dtype)], axis=-1))
-        residual, attn_in = x, x  # EAGLE-1's layer has no input norm
-    else:
-        h = eagle._fc(w, hidden) if from_target else hidden.astype(w.wqkv.dtype)
-        attn_in = jnp.concatenate([llama.rms_norm(embed, w.input_norm, eps),
-                                   llama.rms_norm(h, w.hidden_norm, eps)], axis=-1)  # [B, T, 2H]
-        residual = h
+    lcfg = cfg.layer_config()
+    attn_in, residual = eagle.layer_input(w, cfg, target_embed, tokens, hidden, from_target)
     B, T, _ = attn_in.shape
-    inv_freq = llama.rope_inv_freq(lcfg)
-    q, k, v = jnp.split(attn_in @ w.wqkv, [lcfg.q_size, lcfg.q_size + lcfg.kv_size], axis=-1)
-    q = llama.apply_rope(q.reshape(B, T, lcfg.num_heads, lcfg.head_dim), positions, inv_freq)
-    k = llama.apply_rope(k.reshape(B, T, lcfg.num_kv_heads, lcfg.head_dim), positions, inv_freq)
-    v = v.reshape(B, T, lcfg.num_kv_heads, lcfg.head_dim)
+    q, k, v = llama.qkv_projection(attn_in, w.wqkv, positions, lcfg, llama.rope_inv_freq(lcfg))
     if kv0 is None:
         a = dense_attention(q, k, v, positions, positions)
     else:
         a = tree_attention(q, kv0[0], kv0[1], chain + [(k, v)])
-    x = residual + a.reshape(B, T, lcfg.q_size) @ w.wo
-    x = x + llama.mlp(llama.rms_norm(x, w.mlp_norm, eps), w.w_gate_up, w.w_down)
+    x = eagle.layer_output(w, cfg, residual + a.reshape(B, T, lcfg.q_size) @ w.wo)
     return x, (k, v)
 
 
