@@ -71,7 +71,7 @@ class LLMEngine:
             self.trace.append((event, step))
 
     def run(self, on_commit=None) -> None:
-        """Run until every added request is finished. `on_commit(plan)` is called after each commit."""
+        """Run until every added request is finished. `on_commit()` is called after each commit."""
         pending: deque[tuple[int, StepPlan, object, object]] = deque()
         step = 0
         start = time.perf_counter()
@@ -89,7 +89,7 @@ class LLMEngine:
             if pending and (not self.cfg.async_scheduling or not plan or len(pending) > 1):
                 self._commit(*pending.popleft())
                 if on_commit is not None:
-                    on_commit(plan)
+                    on_commit()
         self.times.num_steps += step
         self.times.wall_s += time.perf_counter() - start
 
