@@ -3,8 +3,8 @@
 - A checkpoint's weights are loaded once and handed to every `LLM` of the sweep through `LLM(weights=(cfg, w))`:
   EAGLE and plain decoding share one copy on the device. Dummy runs pass `weights=(cfg, None)` with
   `load_format="dummy"`: the LLM draws random weights, and a random head shaped like one target layer.
-- `compile_buckets` compiles every bucket for the one sampling mode the run uses (what `ModelRunner.warmup` does
-  for all three modes): a third of the start-up compile time.
+- `compile_buckets` compiles every bucket for the one sampling mode the run uses (`ModelRunner.warmup` restricted
+  to it): a third of the start-up compile time.
 - Async and sync runs share one LLM: the engine reads `cfg.async_scheduling` at every step, and between
   `generate` calls nothing is in flight, so flipping it there is safe (see LLMEngine.run).
 """
@@ -17,7 +17,6 @@ import time
 import jax
 import numpy as np
 
-from jaxspec.engine import sampler
 from jaxspec.engine.step import decode_step, prefill_step
 from jaxspec.llm import LLM
 from jaxspec.models import llama
@@ -43,35 +42,9 @@ def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
 
 
 def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None) -> int:
-    """Compile every decode and prefill bucket in one sampling mode (ModelRunner.warmup, restricted to it);
-    `log(msg)` hears each program's compile time."""
-    runner = llm.engine.runner
-    cfg = runner.cfg
-    spec = dataclasses.replace(runner.spec, all_greedy=all_greedy, filtered=filtered)
-    P, R = cfg.pages_per_seq, cfg.max_prefill_seqs
-    for B in cfg.decode_buckets:
-        rows = np.full((B, 1 + P), -1, np.int32)
-        rows[:, 0] = runner.num_slots
-        sampling = sampler.pack_params([0.0] * B, [0] * B, [1.0] * B, [0] * B)
-        t0 = time.perf_counter()
-        runner.caches, runner.state, out = decode_step(runner.tw, runner.dw, runner.caches, runner.state, rows,
-                                                       sampling, spec)
-        jax.block_until_ready(out)
-        if log:
-            log(f"  decode bucket {B}: {time.perf_counter() - t0:.1f} s")
-    for N in cfg.prefill_buckets:
-        tok = np.zeros((N, 4), np.int32)
-        tok[:, 2] = -1
-        rows = np.full((R, 3 + P), -1, np.int32)
-        rows[:, 0] = runner.num_slots
-        sampling = sampler.pack_params([0.0] * R, [0] * R, [1.0] * R, [0] * R)
-        t0 = time.perf_counter()
-        runner.caches, runner.state, out = prefill_step(runner.tw, runner.dw, runner.caches, runner.state, tok, rows,
-                                                        sampling, spec)
-        jax.block_until_ready(out)
-        if log:
-            log(f"  prefill bucket {N}: {time.perf_counter() - t0:.1f} s")
-    return len(cfg.decode_buckets) + len(cfg.prefill_buckets)
+    """Compile every decode and prefill bucket in the one sampling mode the run uses; `log(msg)` hears each
+    program's compile time."""
+    return llm.engine.runner.warmup(modes=((all_greedy, filtered),), log=log)
 
 
 def num_compiled() -> int | None:

@@ -7,6 +7,7 @@ engine decides when to read it.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import numpy as np
@@ -135,28 +136,36 @@ class ModelRunner:
         out.copy_to_host_async()
         return out
 
-    def warmup(self) -> int:
-        """Compile every bucket in each sampling mode (greedy; random; random with top-k/top-p) now, so that
-        generation never compiles. Returns the number of compiled variants."""
+    def warmup(self, modes: tuple[tuple[bool, bool], ...] = ((True, False), (False, False), (False, True)),
+               log=None) -> int:
+        """Compile every bucket in each sampling mode (all_greedy, filtered): by default greedy, random, and random
+        with top-k/top-p, so that generation never compiles. `log(msg)` hears each program's time. Returns the
+        number of compiled variants."""
         count, out = 0, None
         P, R = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs
-        for all_greedy, filtered in ((True, False), (False, False), (False, True)):
-            spec = self._specs[all_greedy, filtered]
+        for mode in modes:
+            spec = self._specs[mode]
             for B in self.cfg.decode_buckets:
                 rows = np.full((B, 1 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
-                sampling = sampler.pack_params([0.0] * B, [0] * B, [1.0] * B, [0] * B)
+                t0 = time.perf_counter()
                 self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows,
-                                                           sampling, spec)
-                count += 1
+                                                           np.zeros((B, 4), np.uint32), spec)
+                count += self._timed(log, f"decode bucket {B}", t0, out)
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
                 tok[:, 2] = -1
                 rows = np.full((R, 3 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
-                sampling = sampler.pack_params([0.0] * R, [0] * R, [1.0] * R, [0] * R)
+                t0 = time.perf_counter()
                 self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows,
-                                                            sampling, spec)
-                count += 1
-        jax.block_until_ready(out)
+                                                            np.zeros((R, 4), np.uint32), spec)
+                count += self._timed(log, f"prefill bucket {N}", t0, out)
         return count
+
+    @staticmethod
+    def _timed(log, what: str, t0: float, out: jax.Array) -> int:
+        if log is not None:
+            jax.block_until_ready(out)
+            log(f"  {what}: {time.perf_counter() - t0:.1f} s")
+        return 1
