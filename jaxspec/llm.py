@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from tqdm.auto import tqdm
 
 from jaxspec import parallel
+from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.llm_engine import LLMEngine
 from jaxspec.engine.model_runner import ModelRunner
@@ -302,13 +303,11 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template; this model has none")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = []
-        for conv in conversations:
-            text = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-            prompts.append({"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        texts = [render_chat(self.tokenizer, conv) for conv in conversations]
+        prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)} for t in texts]
         outs = self.generate(prompts, sampling_params, use_tqdm)
-        for out, conv in zip(outs, conversations):
-            out.prompt = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        for out, text in zip(outs, texts):
+            out.prompt = text
         return outs
 
     def get_metrics(self) -> dict:

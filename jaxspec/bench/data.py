@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec.chat import encode_chat
+
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
           "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5}
 
@@ -76,15 +78,6 @@ def _messages(row: dict) -> list[dict] | None:
         if isinstance(row.get(key), str):
             return [{"role": "user", "content": row[key]}]
     return None
-
-
-def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """Token ids of a conversation through the tokenizer's chat template (as `LLM.chat`), or of its last message's
-    text when the tokenizer has no template."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
-    return tokenizer.encode(messages[-1]["content"])
 
 
 def dataset_prompts(path: str | Path, n: int, tokenizer: Any) -> list[list[int]]:

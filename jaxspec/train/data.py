@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.chat import encode_chat
 from jaxspec.models import llama
 from jaxspec.models.attention import AttnBatch, init_cache
 
@@ -99,12 +100,7 @@ def read_prompts(paths: list[str | Path], num_prompts: int | None = None) -> lis
 
 def chat_token_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Each prompt as one user turn through the chat template, ready for generation (as `LLM.chat` does)."""
-    ids = []
-    for text in prompts:
-        conv = [{"role": "user", "content": text}]
-        rendered = tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-        ids.append(tokenizer.encode(rendered, add_special_tokens=False))
-    return ids
+    return [encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in prompts]
 
 
 # ---------------------------------------------------------------- regenerating responses
