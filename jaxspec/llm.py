@@ -233,7 +233,7 @@ class LLM:
                 raise ValueError(f"request {i}: {e}") from None
             rid = self._next_request + i
             seed = p.seed if p.seed is not None else (self.engine_config.seed * 1_000_003 + rid) % 2**32
-            seqs.append(Sequence(request_id=rid, prompt_token_ids=ids, params=p, seed=seed, prompt=text, arrival=rid))
+            seqs.append(Sequence(request_id=rid, prompt_token_ids=ids, params=p, seed=seed, prompt=text))
         self._next_request += len(seqs)
         return seqs
 

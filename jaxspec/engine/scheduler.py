@@ -66,7 +66,6 @@ class Scheduler:
         self.free_slots.append(seq.slot)
         seq.slot = -1
         seq.status = Status.WAITING
-        seq.num_preemptions += 1
         self.num_preemptions += 1
         self.running.remove(seq)
         self.waiting.appendleft(seq)

@@ -38,8 +38,6 @@ class Sequence:
     text: str = ""
     prefix_offset: int = 0  # incremental detokenization window over output_token_ids
     read_offset: int = 0
-    num_preemptions: int = 0
-    arrival: int = 0
 
     @cached_property
     def sampling_row(self) -> np.ndarray:
