@@ -265,19 +265,23 @@ def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv
     inv_freq = rope_inv_freq(cfg)
     x = w.embed[tokens]
     aux = []
-    if cfg.layer_loop == "scan" and not aux_layers:
-        def body(carry, xs):
-            x, kv = carry
-            lw, i = xs
-            x, kv = decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
-            return (x, kv), None
-        (x, kv), _ = jax.lax.scan(body, (x, kv), (w.layers, jnp.arange(cfg.num_layers)))
-    else:
-        for i in range(cfg.num_layers):
-            if i in aux_layers:
-                aux.append(x)
-            lw = jax.tree.map(lambda a: a[i], w.layers)
-            x, kv = decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
+
+    def body(carry, i):
+        x, kv = carry
+        lw = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), w.layers)
+        return decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch), None
+
+    # layers run in segments split at the aux layers, so EAGLE-3's features do not force an unrolled loop
+    bounds = sorted({0, cfg.num_layers, *(i for i in aux_layers if i < cfg.num_layers)})
+    for a, b in zip(bounds, bounds[1:]):
+        if a in aux_layers:
+            aux.append(x)
+        if cfg.layer_loop == "scan":
+            (x, kv), _ = jax.lax.scan(body, (x, kv), jnp.arange(a, b))
+        else:
+            for i in range(a, b):
+                lw = jax.tree.map(lambda t: t[i], w.layers)
+                x, kv = decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
     hidden = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
     return hidden, (jnp.concatenate(aux, axis=-1) if aux else None), kv
 
