@@ -215,3 +215,18 @@ def test_cli_trains_and_exports(target, dataset, tmp_path):
     cfg, w = load_eagle(str(out), TINY)
     assert cfg.method == "eagle" and w.wqkv.dtype == jnp.float32
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_time_budget_shortens_the_schedule(target, dataset):
+    """A budget far below what the requested steps need: the run stops in about that time, and the learning rate
+    has decayed to (near) zero by its last step, because the schedule itself was shortened."""
+    import time
+
+    start = time.perf_counter()
+    _, history = trainer.train_eagle(TINY, target, head_config("eagle"), dataset, 1_000_000, BATCH, 1e-2,
+                                     time_budget_s=6.0, progress=False)
+    wall = time.perf_counter() - start
+    assert 30 < len(history) < 1_000_000
+    assert wall < 6.0 * 1.5 + 3  # data preparation before the loop is outside the budget
+    lrs = [h["lr"] for h in history]
+    assert max(lrs) > 0.9e-2 and lrs[-1] < 0.05 * max(lrs)

@@ -30,9 +30,11 @@ from jaxspec.train.losses import Frozen, LossConfig, eagle_loss
 @jax.tree_util.register_static
 @dataclass(frozen=True)
 class OptConfig:
+    """The optimizer without its schedule's length, which train_step takes as an array: a time budget can
+    shorten the run after it has started without a recompile."""
     lr: float  # peak learning rate
-    steps: int  # schedule length (the whole run, also when resumed or stopped early)
-    warmup_steps: int  # linear warm-up from 0, then cosine decay to lr * min_lr_ratio at `steps`
+    # linear warm-up from 0 over warmup_steps (None: 5 % of the schedule), then cosine decay to lr * min_lr_ratio
+    warmup_steps: int | None = None
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.0  # EAGLE and SpecForge train heads without decay
     clip_norm: float = 0.5  # global gradient norm, as EAGLE
@@ -40,14 +42,19 @@ class OptConfig:
     b2: float = 0.95  # EAGLE's betas
 
 
-def lr_schedule(oc: OptConfig) -> optax.Schedule:
-    return optax.warmup_cosine_decay_schedule(0.0, oc.lr, oc.warmup_steps, max(oc.steps, oc.warmup_steps + 1),
-                                              oc.lr * oc.min_lr_ratio)
+def learning_rate(oc: OptConfig, step: jax.Array, total_steps: jax.Array) -> jax.Array:
+    """Linear warm-up to oc.lr, then cosine decay to oc.lr * min_lr_ratio at total_steps."""
+    step, total = jnp.asarray(step, jnp.float32), jnp.asarray(total_steps, jnp.float32)
+    warm = jnp.round(0.05 * total) if oc.warmup_steps is None else jnp.float32(oc.warmup_steps)
+    frac = jnp.clip((step - warm) / jnp.maximum(total - warm, 1.0), 0.0, 1.0)
+    decay = oc.min_lr_ratio + (1 - oc.min_lr_ratio) * 0.5 * (1 + jnp.cos(jnp.pi * frac))
+    return oc.lr * jnp.where(step < warm, step / jnp.maximum(warm, 1.0), decay)
 
 
 def make_optimizer(oc: OptConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(oc.clip_norm),
-                       optax.adamw(lr_schedule(oc), b1=oc.b1, b2=oc.b2, weight_decay=oc.weight_decay))
+    """AdamW's direction (clipped, Adam-scaled, decayed); train_step scales it by -learning_rate."""
+    return optax.chain(optax.clip_by_global_norm(oc.clip_norm), optax.scale_by_adam(b1=oc.b1, b2=oc.b2),
+                       optax.add_decayed_weights(oc.weight_decay))
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["params", "opt_state", "step", "rng"], meta_fields=[])
@@ -60,14 +67,16 @@ class TrainState:
 
 
 @partial(jax.jit, static_argnames=("tcfg", "hcfg", "lc", "oc"), donate_argnames=("state",))
-def train_step(state: TrainState, frozen: Frozen, tokens: jax.Array, loss_mask: jax.Array, tcfg: llama.Config,
-               hcfg: eagle.EagleConfig, lc: LossConfig, oc: OptConfig) -> tuple[TrainState, dict]:
+def train_step(state: TrainState, frozen: Frozen, tokens: jax.Array, loss_mask: jax.Array, total_steps: jax.Array,
+               tcfg: llama.Config, hcfg: eagle.EagleConfig, lc: LossConfig, oc: OptConfig
+               ) -> tuple[TrainState, dict]:
     key = jax.random.fold_in(state.rng, state.step)
     grad_fn = jax.value_and_grad(eagle_loss, has_aux=True)
     (loss, metrics), grads = grad_fn(state.params, frozen, tokens, loss_mask, key, tcfg, hcfg, lc)
-    updates, opt_state = make_optimizer(oc).update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "total": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(oc)(state.step)}
+    direction, opt_state = make_optimizer(oc).update(grads, state.opt_state, state.params)
+    lr = learning_rate(oc, state.step, total_steps)
+    params = optax.apply_updates(state.params, jax.tree.map(lambda u: -lr * u, direction))
+    metrics = {**metrics, "total": loss, "grad_norm": optax.tree.norm(grads), "lr": lr}
     return TrainState(params, opt_state, state.step + 1, state.rng), metrics
 
 
@@ -121,17 +130,18 @@ def _manager(ckpt_dir: str | Path, keep: int):
     return ocp.CheckpointManager(Path(ckpt_dir).absolute(), options=options)
 
 
-def save_state(mngr, state: TrainState, history: list[dict], run: dict) -> None:
+def save_state(mngr, state: TrainState, history: list[dict], run: dict, schedule_steps: int) -> None:
     import orbax.checkpoint as ocp
 
     step = int(state.step)
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            history=ocp.args.JsonSave({"run": run, "history": history})))
+    meta = {"run": run, "history": history, "schedule_steps": schedule_steps}
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), history=ocp.args.JsonSave(meta)))
     mngr.wait_until_finished()
 
 
-def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[dict]] | None:
-    """The latest checkpoint (None if there is none); it must come from a run with the same settings."""
+def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[dict], int] | None:
+    """The latest checkpoint as (state, history, schedule length), None if there is none; it must come from a
+    run with the same settings."""
     import orbax.checkpoint as ocp
 
     step = mngr.latest_step()
@@ -144,7 +154,7 @@ def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[d
     diff = {k: (saved.get(k), v) for k, v in run.items() if saved.get(k) != v}
     if diff:
         raise ValueError(f"{mngr.directory}: checkpoint {step} comes from a different run (saved, now): {diff}")
-    return got["state"], got["history"]["history"]
+    return got["state"], got["history"]["history"], int(got["history"]["schedule_steps"])
 
 
 # ---------------------------------------------------------------- the loop
@@ -157,8 +167,8 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
                 keep_tokens: tuple[int, ...] | None = None,
                 init_weights: eagle.EagleWeights | None = None, lm_head_from_target: bool = False,
                 ckpt_dir: str | Path | None = None, ckpt_every: int = 1000, keep_checkpoints: int = 2,
-                resume: bool = False, stop_at: int | None = None, seed: int = 0,
-                progress: bool = True) -> tuple[eagle.EagleWeights, list[dict]]:
+                resume: bool = False, stop_at: int | None = None, time_budget_s: float | None = None,
+                seed: int = 0, progress: bool = True) -> tuple[eagle.EagleWeights, list[dict]]:
     """Train `head_cfg`'s head on `dataset` against the frozen target. Returns (fp32 weights with d2t, history).
 
     Defaults follow the papers: EAGLE-1 one step, uniform feature noise of width 0.2 (EAGLE's U(-0.1, 0.1)),
@@ -166,13 +176,15 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     `keep_tokens` (default: the dataset's EOS ids) always enter EAGLE-3's draft vocabulary. `stop_at` ends the
     run early at that step (the schedule still spans `steps`), e.g. to resume later with `resume=True`, which
     continues from the latest checkpoint in `ckpt_dir` with the same data order, noise and metric history.
+    `time_budget_s` bounds this call's wall time, compile included: after a few timed steps the schedule is
+    shortened to the steps that fit (never lengthened), so the learning rate still decays to its end.
     `compute_dtype="bfloat16"` runs the head's matmuls in bf16 (the GPU setting); its parameters, the optimizer
     and the loss reductions stay fp32.
     """
     e3 = head_cfg.method == "eagle3"
     lc = LossConfig(ttt_steps=ttt_steps or (7 if e3 else 1), ttt_decay=ttt_decay, w_reg=w_reg, w_cls=w_cls,
                     noise=(0.0 if e3 else 0.2) if noise is None else noise, compute_dtype=compute_dtype)
-    oc = OptConfig(lr=lr, steps=steps, warmup_steps=round(0.05 * steps) if warmup_steps is None else warmup_steps,
+    oc = OptConfig(lr=lr, warmup_steps=warmup_steps,
                    min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, clip_norm=clip_norm)
     hcfg = head_cfg.replace(dtype="float32", attn_impl="xla")
     if len(dataset) == 0:
@@ -193,14 +205,17 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
            "num_rows": len(dataset), "seed": seed, "lr": lr, "ttt_steps": lc.ttt_steps,
            "compute_dtype": compute_dtype}
     mngr = _manager(ckpt_dir, keep_checkpoints) if ckpt_dir is not None else None
+    schedule_steps = steps
     if resume and mngr is not None:
         restored = restore_state(mngr, state, run)
         if restored is not None:
-            state, history = restored
-    start, end = int(state.step), min(steps, stop_at if stop_at is not None else steps)
+            state, history, schedule_steps = restored
+    start = int(state.step)
+    end = min(schedule_steps, stop_at if stop_at is not None else schedule_steps)
+    budget = StepBudget(time_budget_s, start) if time_budget_s is not None else None
 
     t0 = time.perf_counter()  # history's "time": seconds into this call when the step's metrics were read
-    bar = tqdm(total=steps, initial=start, desc=f"train {hcfg.method}", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=end, initial=start, desc=f"train {hcfg.method}", disable=not progress, dynamic_ncols=True)
     pending = None
 
     def record(item) -> None:  # reading a step's metrics waits for it: done one step late, so the device stays busy
@@ -212,17 +227,29 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
         bar.update(s + 1 - bar.n)
         bar.set_postfix_str(f"loss {history[-1]['loss']:.4f} acc " + "/".join(f"{a:.2f}" for a in history[-1]["acc"]))
 
-    for step in range(start, end):
+    step = start
+    while step < end:
         rows = batch_indices(len(dataset), batch_size, step, seed)
-        state, metrics = train_step(state, frozen, dataset.tokens[rows], dataset.loss_mask[rows], target_cfg, hcfg,
-                                    lc, oc)
+        state, metrics = train_step(state, frozen, dataset.tokens[rows], dataset.loss_mask[rows],
+                                    jnp.int32(schedule_steps), target_cfg, hcfg, lc, oc)
         if pending is not None:
             record(pending)
         pending = (step, metrics)
-        if mngr is not None and ((step + 1) % ckpt_every == 0 or step + 1 == end):
+        step += 1
+        if budget is not None and budget.due(step):
+            jax.block_until_ready(state.step)
+            fits = budget.steps_that_fit(step)
+            if fits is not None and fits < schedule_steps:
+                schedule_steps = max(step, fits)
+                end = min(end, schedule_steps)
+                bar.total = end
+                bar.refresh()
+                print(f"time budget {time_budget_s:.0f} s: the schedule ends at step {end} "
+                      f"({budget.step_s * 1e3:.1f} ms/step)")
+        if mngr is not None and (step % ckpt_every == 0 or step == end):
             record(pending)
             pending = None
-            save_state(mngr, state, history, run)
+            save_state(mngr, state, history, run, schedule_steps)
     if pending is not None:
         record(pending)
     bar.close()
@@ -230,6 +257,30 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
         mngr.close()
     weights = dataclasses.replace(state.params, d2t=frozen.d2t)
     return weights, history
+
+
+class StepBudget:
+    """Times steps on the host to decide how many fit in a wall-clock budget. The first step (compile) and the
+    next few (warm-up) are excluded from the rate; the estimate is taken once, after `timed` warm steps."""
+
+    def __init__(self, seconds: float, start_step: int, warm: int = 3, timed: int = 20):
+        self.seconds, self.t0 = seconds, time.perf_counter()
+        self.warm_at, self.timed_at = start_step + 1 + warm, start_step + 1 + warm + timed
+        self.t_warm: float | None = None
+        self.step_s: float | None = None
+
+    def due(self, steps_done: int) -> bool:
+        return steps_done in (self.warm_at, self.timed_at)
+
+    def steps_that_fit(self, steps_done: int) -> int | None:
+        """Call (after a device sync) when `due`; the total step count that fits, once it is known."""
+        now = time.perf_counter()
+        if steps_done == self.warm_at:
+            self.t_warm = now
+            return None
+        self.step_s = (now - self.t_warm) / (self.timed_at - self.warm_at)
+        # 3 % margin for checkpoints, metric reads and the export after the loop
+        return steps_done + int(max(0.0, 0.97 * self.seconds - (now - self.t0)) / self.step_s)
 
 
 # ---------------------------------------------------------------- export
