@@ -91,10 +91,15 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-dtype", default="bfloat16", choices=["float32", "bfloat16"],
                    help="the head's matmuls (parameters and optimizer stay fp32)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="dtype of the exported head")
-    p.add_argument("--out", required=True, help="directory for the exported head (config.json, model.safetensors)")
+    p.add_argument("--out", help="directory for the exported head (config.json, model.safetensors); required "
+                   "unless --data-only")
+    p.add_argument("--data-only", action="store_true",
+                   help="only regenerate the data into --dataset-cache (e.g. once, before training heads in parallel)")
     p.add_argument("--ckpt-dir", help="orbax checkpoints of the training state")
     p.add_argument("--ckpt-every", type=int, default=1000)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --ckpt-dir")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="wall-clock seconds for the training loop: the schedule shrinks to the steps that fit")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_train_eagle)
 

@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 
 from jaxspec.models import eagle
 from jaxspec.train.data import TokenDataset, chat_token_ids, generate_dataset, read_prompts
@@ -33,12 +32,17 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
                              "use another --dataset-cache or the same --seq-len")
         print(f"loaded {len(data)} sequences from {cache}")
         return data
+    from jaxspec.config import buckets_up_to
     from jaxspec.llm import LLM, eos_token_ids
 
     if not args.data:
         raise ValueError("--data is required to generate a dataset (no --dataset-cache file to load)")
+    # scanned layers, few buckets, and only the greedy programs that are used, compiled on first use: a one-off
+    # generation should not spend minutes compiling
     llm = LLM(str(model_path), dtype=args.target_dtype, max_model_len=args.seq_len + 1,
-              max_num_seqs=args.gen_batch, seed=args.seed)
+              max_num_seqs=args.gen_batch, seed=args.seed, layer_loop="scan", max_num_batched_tokens=4096,
+              max_prefill_seqs=32, prefill_buckets=[1024, 4096], warmup=False,
+              decode_buckets=buckets_up_to(args.gen_batch, smallest=max(1, args.gen_batch // 16)))
     if llm.tokenizer is None:
         raise ValueError(f"{model_path}: no tokenizer, so prompts cannot be formatted with a chat template")
     prompts = read_prompts(args.data, args.num_prompts)
@@ -62,11 +66,17 @@ def train_from_args(args: argparse.Namespace) -> Path:
     from jaxspec.llm import LLM
     from jaxspec.train.trainer import export_head, train_eagle, training_info
 
+    if args.data_only and not args.dataset_cache:
+        raise ValueError("--data-only needs --dataset-cache (where to write the data)")
+    if not args.data_only and not args.out:
+        raise ValueError("--out is required (the directory for the exported head)")
     model_path = LLM._resolve(args.model)
     data = build_dataset(args, model_path)
+    if args.data_only:
+        return Path(args.dataset_cache)
     tcfg, tw = load_model(model_path, args.target_dtype)
-    # kv=None: dense attention whatever attn_impl says; the static-index layer loop on GPUs (DESIGN)
-    tcfg = tcfg.replace(attn_impl="xla", layer_loop="unroll" if jax.default_backend() == "gpu" else "scan")
+    # kv=None: dense attention whatever attn_impl says, and no cache writes, so scanned layers lose nothing
+    tcfg = tcfg.replace(attn_impl="xla", layer_loop="scan")
     aux = tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers else None
     draft_vocab = min(args.draft_vocab_size, tcfg.vocab_size) if args.method == "eagle3" else None
     hcfg = eagle.EagleConfig.from_target(tcfg, args.method, draft_vocab_size=draft_vocab, aux_layers=aux)
@@ -74,7 +84,7 @@ def train_from_args(args: argparse.Namespace) -> Path:
     weights, history = train_eagle(
         tcfg, tw, hcfg, data, args.steps, args.batch_size, args.lr, ttt_steps=args.ttt_steps,
         noise=args.noise, compute_dtype=args.compute_dtype, warmup_steps=args.warmup_steps, ckpt_dir=args.ckpt_dir,
-        ckpt_every=args.ckpt_every, resume=args.resume, seed=args.seed)
+        ckpt_every=args.ckpt_every, resume=args.resume, time_budget_s=args.time_budget_s, seed=args.seed)
     wall = time.perf_counter() - start
     every = max(1, len(history) // 200)
     info = training_info(
