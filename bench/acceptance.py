@@ -28,12 +28,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--layer-loop", default="auto", help="LLM layer_loop: auto (unroll on GPU), unroll, scan")
+    ap.add_argument("--decode-buckets", help="comma-separated padded batch sizes to compile (default: powers of 2)")
     ap.add_argument("--output-json")
     args = ap.parse_args()
 
     spec = json.loads(args.speculative_config)
+    buckets = [int(b) for b in args.decode_buckets.split(",")] if args.decode_buckets else None
     llm = LLM(args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              warmup=False)
+              layer_loop=args.layer_loop, decode_buckets=buckets, warmup=False)
     prompts = dataset_prompts(args.dataset, args.num_prompts, llm.tokenizer)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,16 +27,18 @@ from jaxspec.bench.data import load_hf_config  # noqa: E402
 from jaxspec.bench.engine import decode_step_time  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
-from jaxspec.models import eagle, llama  # noqa: E402
+from jaxspec.models import attention, eagle, llama  # noqa: E402
 
 
 def nbytes(tree) -> int:
     return sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int) -> dict:
+def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int,
+               max_model_len: int | None = None) -> dict:
     page_size = 16
-    ec = EngineConfig(max_model_len=context + (iters + 8) * (k + 1) + 2 * k + 16, max_num_seqs=B, page_size=page_size,
+    need = context + (iters + 8) * (k + 1) + 2 * k + 16
+    ec = EngineConfig(max_model_len=max(need, max_model_len or 0), max_num_seqs=B, page_size=page_size,
                       decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None)
     ec.num_pages = B * ec.pages_per_seq
@@ -56,12 +59,20 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=0, help="speculative tokens (an EAGLE-1 head shaped like one layer)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--layer-loop", default="auto", help="auto (unroll on GPU, scan elsewhere), unroll, scan")
+    ap.add_argument("--max-model-len", type=int, help="block-table width as the engine would size it "
+                                                        "(default: just what the timed steps need)")
+    ap.add_argument("--pallas-programs", type=int, help="override attention.PALLAS_PROGRAMS (the kernel's "
+                                                          "table splits), to compare settings")
     ap.add_argument("--output-json")
     args = ap.parse_args()
 
+    if args.pallas_programs:
+        attention.PALLAS_PROGRAMS = args.pallas_programs
     gpu = jax.default_backend() == "gpu"
     cfg = llama.Config.from_hf(load_hf_config(args.hf_config)[1], dtype=args.dtype).replace(
-        attn_impl="pallas" if gpu else "xla", layer_loop="unroll" if gpu else "scan")
+        attn_impl="pallas" if gpu else "xla",
+        layer_loop=("unroll" if gpu else "scan") if args.layer_loop == "auto" else args.layer_loop)
     w = llama.init(cfg, jax.random.key(0))
     dcfg = dw = None
     if args.k:
@@ -70,14 +81,16 @@ def main() -> None:
     bw = measure_bandwidth()
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
-        r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters)
+        r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters, args.max_model_len)
         r["floor_s"] = (r["weight_bytes"] + r["kv_bytes"]) / (bw["tb_s"] * 1e12)
         r["over_floor"] = r["step_s"] / r["floor_s"]
         rows.append(r)
         print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f})"
               f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join(sys.argv), "bandwidth": bw, "rows": rows}
+              "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
+              "pallas_programs": attention.PALLAS_PROGRAMS,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "bandwidth": bw, "rows": rows}
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))
 

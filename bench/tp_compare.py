@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=0, help="speculative tokens (a random EAGLE-1 head)")
     ap.add_argument("--synthetic-acceptance", type=float, default=0.7)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--layer-loop", default="auto", help="LLM layer_loop: auto (unroll on GPU), unroll, scan")
     args = ap.parse_args()
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -66,9 +68,11 @@ def main() -> None:
         llm = LLM(str(model_dir), load_format="dummy", dtype=args.dtype, tensor_parallel_size=tp,
                   max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
                   decode_buckets=sorted(set(batches + [max_num_seqs])), prefill_buckets=[256, 2048], warmup=False,
-                  **extra)
+                  layer_loop=args.layer_loop, **extra)
         row = {"model": label, "tp": tp, "k": args.k, "devices": [d.device_kind for d in jax.devices()[:tp]],
-               "attn_impl": llm.model_config.attn_impl, "num_pages": llm.engine_config.num_pages,
+               "attn_impl": llm.model_config.attn_impl,
+               "layer_loop": llm.model_config.layer_loop, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               "num_pages": llm.engine_config.num_pages,
                "weight_bytes_per_device": parallel.bytes_per_device(llm.engine.runner.tw, tp),
                "build_s": round(time.perf_counter() - t0, 1)}
         for B in batches:
