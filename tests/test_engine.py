@@ -179,3 +179,28 @@ def test_pallas_kernel_equals_xla_reference(weights, prompts, reference):
     llm = make_llm(weights, attn_impl="pallas-interpret", max_num_seqs=4)
     outs = llm.generate(prompts[:4], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[:4]
+
+
+@pytest.mark.parametrize("rows, splits", [(1, 8), (2, 4), (3, 2), (8, 1)])
+def test_pallas_table_splits_equal_xla(monkeypatch, rows, splits):
+    """Every number of table partitions the kernel may be given (fewer as rows grow) gives the reference's
+    attention: the partial softmaxes of the splits merge exactly."""
+    import jax.numpy as jnp
+
+    from jaxspec.models import attention as attn
+
+    monkeypatch.setattr(attn, "PALLAS_PROGRAMS", 32)  # small enough that a few rows reach every split count
+    rng = np.random.default_rng(rows)
+    T, pages, page_size, num_pages, kvh, heads, D = 2, 64, 2, 160, 2, 4, 16
+    assert attn.pallas_splits(rows * T, kvh, pages // 8) == splits  # the kernel's query rows are B * T
+    k = jnp.asarray(rng.standard_normal((1, kvh, num_pages, page_size, D)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((1, kvh, num_pages, page_size, D)), jnp.float32)
+    tables = jnp.asarray(rng.permutation(num_pages)[:rows * pages].reshape(rows, pages) if rows * pages <= num_pages
+                         else rng.integers(0, num_pages, (rows, pages)), jnp.int32)
+    lengths = rng.integers(T, pages * page_size - T, rows)
+    q_pos = jnp.asarray(lengths[:, None] + np.arange(T), jnp.int32)
+    q = jnp.asarray(rng.standard_normal((rows, T, heads, D)), jnp.float32)
+    batch = attn.AttnBatch(tables, jnp.zeros((rows, T), jnp.int32))
+    ref = attn.paged_attention_xla(q, attn.KVCache(k, v), 0, batch, q_pos)
+    out = attn.paged_attention_pallas(q, attn.KVCache(k, v), 0, batch, q_pos, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)

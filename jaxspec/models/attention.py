@@ -124,6 +124,18 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     return run(q, k_pages, v_pages, block_tables, q_pos)
 
 
+PALLAS_PROGRAMS = 2048  # about what an H200's 132 SMs keep resident at 4 warps per program
+
+
+def pallas_splits(rows: int, kv_heads: int, table_blocks: int) -> int:
+    """How many partitions of the block table the kernel runs as separate programs (then merges). Splits keep
+    the GPU busy when few rows have long contexts, but every split costs a program and a merge even past a
+    row's length: use the fewest that give about PALLAS_PROGRAMS programs. A power of two dividing
+    table_blocks, at most 16."""
+    want = max(1, min(16, table_blocks, PALLAS_PROGRAMS // (rows * kv_heads)))
+    return 1 << (want.bit_length() - 1)
+
+
 def _pallas_rows(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
                  interpret: bool) -> jax.Array:
     """q [B, T, H, D]; k_pages, v_pages [KVH, pages, page_size, D] (one layer); block_tables [B*T, pages]."""
@@ -137,7 +149,7 @@ def _pallas_rows(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tab
     padded = 1 << (pages - 1).bit_length()
     block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
     per_block = min(8, padded)
-    splits = min(16, padded // per_block)
+    splits = pallas_splits(B * T, k_pages.shape[0], padded // per_block)
     out = paged_attention((q.reshape(B * T, H, D) / jnp.sqrt(D).astype(q.dtype)), k_pages, v_pages,
                           block_tables, lengths, pages_per_compute_block=per_block, k_splits=splits,
                           interpret=interpret)
