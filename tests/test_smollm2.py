@@ -140,3 +140,39 @@ def test_greedy_matches_transformers_generate(root, hf_model, jaxspec_model):
         with torch.no_grad():
             ref = hf_model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):]
         assert until_eos(ours[b].tolist(), eos) == ref.tolist(), tok.decode(ref)
+
+
+# The first two GSM8K test questions: the shipped heads never saw them in training.
+HELD_OUT = [("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for "
+             "her friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh "
+             "duck egg. How much in dollars does she make every day at the farmers' market?"),
+            "A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total does it take?"]
+SPEC_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def held_out_reference(root, jaxspec_model):
+    tok = AutoTokenizer.from_pretrained(root / "hf")
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=False) for p in HELD_OUT]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    return [until_eos(row.tolist(), eos) for row in jaxspec_greedy(*jaxspec_model, prompts, SPEC_TOKENS)]
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_shipped_head_speculates_losslessly(root, held_out_reference, method):
+    """Each shipped head with the real target (fp32, CPU): greedy output equals the plain loop token for token,
+    and drafts are mostly accepted (2.8 on 200 such questions on the GPU; here two, so a looser bound)."""
+    from jaxspec import LLM, SamplingParams
+    from jaxspec.presets import ROOT
+
+    spec = {"method": method, "model": str(ROOT / "weights" / f"{method}-smollm2-135m-instruct"),
+            "num_speculative_tokens": 3}
+    llm = LLM(str(root / "ckpt"), speculative_config=spec, dtype="float32", layer_loop="scan", max_model_len=256,
+              max_num_seqs=2, max_num_batched_tokens=256, decode_buckets=[2], prefill_buckets=[256],
+              warmup=False)
+    outs = llm.chat([[{"role": "user", "content": p}] for p in HELD_OUT],
+                    SamplingParams(temperature=0, max_tokens=SPEC_TOKENS), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == held_out_reference
+    assert llm.get_metrics()["mean_acceptance_length"] > 2.0
+
