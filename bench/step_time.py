@@ -35,13 +35,13 @@ def nbytes(tree) -> int:
 
 
 def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int,
-               max_model_len: int | None = None) -> dict:
+               max_model_len: int | None = None, pool_scale: float = 1.0) -> dict:
     page_size = 16
     need = context + (iters + 8) * (k + 1) + 2 * k + 16
     ec = EngineConfig(max_model_len=max(need, max_model_len or 0), max_num_seqs=B, page_size=page_size,
                       decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None)
-    ec.num_pages = B * ec.pages_per_seq
+    ec.num_pages = int(B * ec.pages_per_seq * pool_scale)
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
     pipelined, blocking = decode_step_time(runner, B, context, iters)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.jnp_dtype.itemsize
@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--layer-loop", default="auto", help="auto (unroll on GPU, scan elsewhere), unroll, scan")
     ap.add_argument("--max-model-len", type=int, help="block-table width as the engine would size it "
                                                         "(default: just what the timed steps need)")
+    ap.add_argument("--pool-scale", type=float, default=1.0,
+                    help="KV pool size as a multiple of what the batch needs (the engine's pool is larger)")
     ap.add_argument("--pallas-programs", type=int, help="override attention.PALLAS_PROGRAMS (the kernel's "
                                                           "table splits), to compare settings")
     ap.add_argument("--output-json")
@@ -81,7 +83,8 @@ def main() -> None:
     bw = measure_bandwidth()
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
-        r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters, args.max_model_len)
+        r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters, args.max_model_len,
+                       args.pool_scale)
         r["floor_s"] = (r["weight_bytes"] + r["kv_bytes"]) / (bw["tb_s"] * 1e12)
         r["over_floor"] = r["step_s"] / r["floor_s"]
         rows.append(r)
@@ -89,7 +92,7 @@ def main() -> None:
               f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
-              "pallas_programs": attention.PALLAS_PROGRAMS,
+              "pallas_programs": attention.PALLAS_PROGRAMS, "pool_scale": args.pool_scale,
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "bandwidth": bw, "rows": rows}
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))
