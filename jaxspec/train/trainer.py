@@ -154,7 +154,8 @@ def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[d
     diff = {k: (saved.get(k), v) for k, v in run.items() if saved.get(k) != v}
     if diff:
         raise ValueError(f"{mngr.directory}: checkpoint {step} comes from a different run (saved, now): {diff}")
-    return got["state"], got["history"]["history"], int(got["history"]["schedule_steps"])
+    # checkpoints from before time budgets existed ran the requested steps
+    return got["state"], got["history"]["history"], int(got["history"].get("schedule_steps", saved["steps"]))
 
 
 # ---------------------------------------------------------------- the loop
