@@ -38,7 +38,8 @@ class OutputProcessor:
                 return self._finish(seq, "stop", t)
             if not p.ignore_eos and t in self.eos_token_ids:
                 return self._finish(seq, "stop", None)
-            if self.tokenizer is not None and self._hit_stop_string(seq):
+            # text is needed during generation only to find stop strings; otherwise LLM decodes it once at the end
+            if p.stop and self.tokenizer is not None and self._hit_stop_string(seq):
                 return
             if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 return self._finish(seq, "length", None)
