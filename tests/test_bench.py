@@ -68,6 +68,23 @@ def test_sweep_point(sweep, capsys):
     assert result["label"] in md and "| num_prompts | mode |" in md
 
 
+
+def test_tensor_parallel_flag_gives_the_same_outputs(tmp_path):
+    """--tensor-parallel-size 2 (two of the test's host devices) generates what one device does, with EAGLE."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    digests = {}
+    for tp in (1, 2):
+        argv = ["--load-format", "dummy", "--hf-config", str(tmp_path / "config.json"), "--num-prompts", "2",
+                "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}', *SMALL,
+                "--tensor-parallel-size", str(tp), "--output-json", str(tmp_path / f"tp{tp}.json")]
+        result = main(argv)
+        assert not result["errors"], result["errors"]
+        (point,) = result["points"]
+        digests[tp] = point["outputs_sha256"]
+        assert result["models"][point["mode"]]["bytes"]["tensor_parallel_size"] == tp  # what the LLM ran
+        assert (f"tp {tp}" in result["label"]) == (tp > 1)
+    assert digests[1] == digests[2]
+
 def test_rerender_and_cli(sweep, capsys):
     """`jaxspec bench throughput --from-json` re-renders a saved run; the section is replaced, not duplicated."""
     from jaxspec.cli import main as cli_main

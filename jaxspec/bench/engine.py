@@ -79,7 +79,7 @@ def model_bytes(llm: LLM) -> dict:
     tcfg, dcfg, tw, dw = llm.model_config, runner.spec.draft, runner.tw, runner.dw
     head = tw.embed if tw.lm_head is None else tw.lm_head  # the LM head; a lookup reads only B rows of embed
     itemsize = tcfg.jnp_dtype.itemsize
-    b = {"k": runner.k, "target_weights": _nbytes(tw.layers, tw.final_norm, head),
+    b = {"k": runner.k, "tensor_parallel_size": tcfg.tp_size, "target_weights": _nbytes(tw.layers, tw.final_norm, head),
          "kv_per_token_target": 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * itemsize,
          "draft_weights_per_pass": 0, "kv_per_token_draft": 0}
     if dw is not None:

@@ -113,7 +113,9 @@ def roofline(result: dict) -> list[dict]:
         batch = min(p["num_prompts"], result["args"]["max_num_seqs"])
         ctx = p["prompt_tokens"] / p["num_requests"] + 0.5 * p["output_tokens"] / p["num_requests"]
         nbytes = step_bytes(model, batch, ctx)
-        floor_ms = 1e3 * nbytes / (tbs * 1e12)
+        # tensor parallelism: each device reads its share at the same time (a lower bound where KV heads or a
+        # degree-1 draft head are replicated)
+        floor_ms = 1e3 * nbytes / model["bytes"].get("tensor_parallel_size", 1) / (tbs * 1e12)
         rows.append({"num_prompts": p["num_prompts"], "mode": p["mode"], "async": p["async"], "batch": batch,
                      "ctx": ctx, "gb_per_step": nbytes / 1e9, "floor_ms": floor_ms,
                      "step_ms": p["wall_per_step_ms"], "ratio": p["wall_per_step_ms"] / floor_ms,

@@ -78,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-model-len", type=int, help="default: longest prompt + max tokens + look-ahead")
     e.add_argument("--max-num-batched-tokens", type=int, default=2048)
     e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="devices the target is split over (heads, MLP columns/rows, vocabulary, KV heads)")
+    e.add_argument("--draft-tensor-parallel-size", type=int,
+                   help="the EAGLE head's degree: 1 (replicated) or the target's (default)")
     e.add_argument("--attn-impl", default="auto", help="LLM attn_impl: auto (pallas on GPU), xla, pallas")
     e.add_argument("--layer-loop", default="auto", help="LLM layer_loop: auto (unroll on GPU), unroll, scan")
     e.add_argument("--decode-buckets", type=_ints, help="batch sizes to compile, e.g. 8,16,32,64,96")
@@ -340,6 +344,7 @@ def run(args) -> dict:
                                                                         if args.sweep and spec else [])
     date = datetime.datetime.now(datetime.timezone.utc)
     knobs = [f"{v} {what}" for v, what in ((args.layer_loop, "layers"), (args.attn_impl, "attention")) if v != "auto"]
+    knobs += [f"tp {args.tensor_parallel_size}"] if args.tensor_parallel_size > 1 else []
     label = args.label or " | ".join([src.label + (" (dummy weights)" if args.load_format == "dummy" else ""),
                                       " + ".join(m for m, _ in modes), prompt_source,
                                       f"out {args.max_tokens}", *knobs])
@@ -446,6 +451,8 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   seed=args.seed, speculative_config=spec, load_format=args.load_format, weights=(cfg, weights),
                   num_pages=args.max_num_seqs * -(-args.max_model_len // 16) + 1, warmup=args.engine_warmup,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop,
+                  tensor_parallel_size=args.tensor_parallel_size,
+                  draft_tensor_parallel_size=args.draft_tensor_parallel_size,
                   decode_buckets=engine.bucket_list(args.decode_buckets, args.max_num_seqs),
                   prefill_buckets=engine.bucket_list(args.prefill_buckets, args.max_num_batched_tokens))
     if spec is not None and args.synthetic_acceptance is not None:
