@@ -154,6 +154,30 @@ def test_async_dispatches_next_step_before_reading_previous(weights, prompts):
     assert sync.engine.trace == [(e, s) for s in range(len(sync.engine.trace) // 2) for e in ("dispatch", "fetch")]
 
 
+def test_sync_runs_the_same_steps_as_async(weights, prompts):
+    """Sync only moves each read before the next dispatch: same plans and padded batches, so outputs are identical
+    however rounding depends on the batch size. Requests finish at different steps, so async runs finished requests
+    once more; sync must too."""
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(len(prompts))]
+    steps, outs = {}, {}
+    for mode in (True, False):
+        llm = make_llm(weights, async_scheduling=mode, decode_buckets=[2, 4, 8])
+        steps[mode] = []
+        decode = llm.engine.runner.decode
+
+        def record(slots, tables, decode=decode, log=steps[mode]):
+            log.append((list(slots), tables[slots].tolist()))
+            return decode(slots, tables)
+
+        llm.engine.runner.decode = record
+        outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+    assert steps[True] == steps[False]
+    assert len({len(ids) for ids, _ in steps[True]}) > 2  # the batch shrank through several buckets
+    assert outs[True] == outs[False]
+    assert [len(o) for o in outs[True]] == [p.max_tokens for p in params]
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(prompt=list(range(128))), "max_model_len"),
     (dict(params=SamplingParams(max_tokens=0)), "max_tokens"),

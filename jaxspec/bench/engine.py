@@ -94,9 +94,7 @@ def model_bytes(llm: LLM) -> dict:
 def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, float]:
     """Seconds per decode step at batch B with every slot at `context` tokens (slot i owns pages i*P .. i*P+P-1):
     steps dispatched back to back, as the async engine keeps the device busy, and steps read one at a time."""
-    from jaxspec.engine.sequence import Sequence
     from jaxspec.engine.step import SlotState
-    from jaxspec.sampling_params import SamplingParams
 
     cfg = runner.cfg
     pages = cfg.pages_per_seq
@@ -108,19 +106,18 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, f
                       seq_len=np.full((runner.num_slots + 1,), context, np.int32))
     sharding = runner.spec.shardings
     runner.state = jax.device_put(state, sharding.replicated if sharding else jax.devices()[0])
-    seqs = [Sequence(request_id=i, prompt_token_ids=[0], params=SamplingParams(temperature=0), seed=0, slot=i,
-                     pages=list(range(i * pages, (i + 1) * pages))) for i in range(B)]
+    slots = list(range(B))
     tables = np.full((runner.num_slots + 1, pages), -1, np.int32)
     tables[:B] = np.arange(B * pages, dtype=np.int32).reshape(B, pages)
     for _ in range(3):
-        out = runner.decode(seqs, tables)
+        out = runner.decode(slots, tables)
     np.asarray(out)
     t0 = time.perf_counter()
     for _ in range(iters):
-        out = runner.decode(seqs, tables)
+        out = runner.decode(slots, tables)
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
     t0 = time.perf_counter()
     for _ in range(min(iters, 10)):
-        np.asarray(runner.decode(seqs, tables))
+        np.asarray(runner.decode(slots, tables))
     return pipelined, (time.perf_counter() - t0) / min(iters, 10)

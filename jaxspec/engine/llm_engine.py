@@ -4,8 +4,11 @@
     plan and dispatch step N+1 (host work overlaps the device; nothing of step N is read yet)
     read out_N, commit it      (detokenize, stop checks, free finished slots)
 
-Sync mode moves the read before the next plan. Both give identical outputs: the plan never depends on the
-tokens of the step before it, and random numbers are keyed on (seed, position).
+Sync mode reads step N before any host work on step N+1, then plans N+1 as async would (before committing N)
+and dispatches it: the device waits while the host works, and nothing else changes. Both modes run the very
+same steps (same plans, same padded batches), so they give identical outputs however a kernel's rounding depends
+on the batch size, and the speed difference between them is the overlap alone. Random numbers are keyed on
+(seed, position).
 """
 
 from __future__ import annotations
@@ -76,32 +79,42 @@ class LLMEngine:
         step = 0
         start = time.perf_counter()
         while self.scheduler.has_unfinished() or pending:
+            # sync: wait for step N before any host work on step N+1; the plan is still made before N's commit
+            fetched = self._fetch(*pending.popleft()) if pending and not self.cfg.async_scheduling else None
             plan = self.scheduler.schedule() if self.scheduler.has_unfinished() else StepPlan()
+            if not plan and not pending and fetched is None:
+                raise RuntimeError("the scheduler can make no progress: the KV pool cannot hold one request")
+            tables = self.block_manager.tables
+            if fetched is not None:
+                # the plan may run a request this commit finishes once more (async does too): keep its tables
+                tables = tables.copy()
+                self._commit(*fetched, on_commit)
             if plan:
-                tables = self.block_manager.tables
                 prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
-                decode_out = self.runner.decode(plan.decode, tables) if plan.decode else None
+                decode_out = self.runner.decode(plan.decode_slots, tables) if plan.decode else None
                 self._record("dispatch", step)
                 pending.append((step, plan, prefill_out, decode_out))
                 step += 1
-            elif not pending:
-                raise RuntimeError("the scheduler can make no progress: the KV pool cannot hold one request")
-            if pending and (not self.cfg.async_scheduling or not plan or len(pending) > 1):
-                self._commit(*pending.popleft())
-                if on_commit is not None:
-                    on_commit()
+            if pending and self.cfg.async_scheduling and (not plan or len(pending) > 1):
+                self._commit(*self._fetch(*pending.popleft()), on_commit)
         self.times.num_steps += step
         self.times.wall_s += time.perf_counter() - start
 
-    def _commit(self, step: int, plan: StepPlan, prefill_out, decode_out) -> None:
+    def _fetch(self, step: int, plan: StepPlan, prefill_out, decode_out) -> tuple:
+        """Read a step's outputs (blocking until the device has them)."""
         t0 = time.perf_counter()
         prefill_np = np.asarray(prefill_out) if prefill_out is not None else None
         decode_np = np.asarray(decode_out) if decode_out is not None else None
         self.times.host_wait_s += time.perf_counter() - t0
         self._record("fetch", step)
+        return plan, prefill_np, decode_np
+
+    def _commit(self, plan: StepPlan, prefill_np, decode_np, on_commit=None) -> None:
         if self.k and decode_np is not None:
             self._count_acceptance(plan, decode_np)
         self.scheduler.commit(plan, prefill_np, decode_np)
+        if on_commit is not None:
+            on_commit()
 
     def _count_acceptance(self, plan: StepPlan, decode_np: np.ndarray) -> None:
         m = self.spec_metrics

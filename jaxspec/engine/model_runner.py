@@ -18,7 +18,6 @@ from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
-from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step
 from jaxspec.models import eagle, llama
 
@@ -85,18 +84,19 @@ class ModelRunner:
                                      packed[:, 2].view(np.float32))
         return packed, self._specs[sampler.batch_flags(temperature, top_k, top_p, self.vocab_size)]
 
-    def _slots(self, seqs: list[Sequence], rows: int) -> np.ndarray:
+    def _slots(self, used: list[int], rows: int) -> np.ndarray:
+        """`used` padded to `rows` with the padding slot."""
         slots = np.full((rows,), self.num_slots, np.int32)
-        slots[:len(seqs)] = np.fromiter((s.slot for s in seqs), np.int32, len(seqs))
+        slots[:len(used)] = used
         return slots
 
     # ---- dispatch
 
-    def decode(self, seqs: list[Sequence], tables: np.ndarray) -> jax.Array:
-        """Dispatch one verify+draft step for these decoding sequences; `tables` [slots + 1, pages] holds every
-        slot's block table. Returns out [B, k+2] (the first len(seqs) rows are theirs)."""
-        B = pick_bucket(self.cfg.decode_buckets, len(seqs))
-        slots = self._slots(seqs, B)
+    def decode(self, slots: list[int], tables: np.ndarray) -> jax.Array:
+        """Dispatch one verify+draft step for the sequences in these slots; `tables` [slots + 1, pages] holds every
+        slot's block table. Returns out [B, k+2] (the first len(slots) rows are theirs)."""
+        B = pick_bucket(self.cfg.decode_buckets, len(slots))
+        slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
         sampling, spec = self._sampling(slots)
         self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows, sampling, spec)
@@ -111,7 +111,7 @@ class ModelRunner:
         R = self.cfg.max_prefill_seqs
         for c in chunks:  # the slot's sampling params, for this and every later step of the sequence
             self.slot_sampling[c.seq.slot] = c.seq.sampling_row
-        slots = self._slots([c.seq for c in chunks], R)
+        slots = self._slots([c.seq.slot for c in chunks], R)
         tok = np.zeros((N, 4), np.int32)
         tok[:, 2] = -1  # padding tokens belong to no row
         rows = np.zeros((R, 3 + self.cfg.pages_per_seq), np.int32)

@@ -29,6 +29,9 @@ class PrefillChunk:
 class StepPlan:
     prefill: list[PrefillChunk] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
+    # the decode rows' slots when planned: a commit before the dispatch (sync mode) may release a finished
+    # sequence's slot while the plan still runs it once more
+    decode_slots: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.prefill or self.decode)
@@ -127,6 +130,7 @@ class Scheduler:
         for seq in plan.decode:
             seq.num_inflight += 1
             seq.inflight_max_tokens += self.k + 1
+        plan.decode_slots = [seq.slot for seq in plan.decode]
         return plan
 
     # ---- committing
