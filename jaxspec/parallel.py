@@ -142,8 +142,8 @@ def weight_shardings(weights: llama.Weights | eagle.EagleWeights, mesh: Mesh, tp
 
 
 def cache_sharding(mesh: Mesh, tp: int) -> NamedSharding:
-    """KV cache [L, kv_heads, pages, page_size, head_dim]: KV heads split over "tp" (tp = 1: replicated)."""
-    return NamedSharding(mesh, P(None, TP_AXIS) if tp > 1 else P())
+    """KV cache [kv_heads, L, pages, page_size, head_dim]: KV heads split over "tp" (tp = 1: replicated)."""
+    return NamedSharding(mesh, P(TP_AXIS) if tp > 1 else P())
 
 
 def place(tree, shardings):

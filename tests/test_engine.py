@@ -217,14 +217,14 @@ def test_pallas_table_splits_equal_xla(monkeypatch, rows, splits):
     rng = np.random.default_rng(rows)
     T, pages, page_size, num_pages, kvh, heads, D = 2, 64, 2, 160, 2, 4, 16
     assert attn.pallas_splits(rows * T, kvh, pages // 8) == splits  # the kernel's query rows are B * T
-    k = jnp.asarray(rng.standard_normal((1, kvh, num_pages, page_size, D)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((1, kvh, num_pages, page_size, D)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((kvh, 3, num_pages, page_size, D)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((kvh, 3, num_pages, page_size, D)), jnp.float32)
     tables = jnp.asarray(rng.permutation(num_pages)[:rows * pages].reshape(rows, pages) if rows * pages <= num_pages
                          else rng.integers(0, num_pages, (rows, pages)), jnp.int32)
     lengths = rng.integers(T, pages * page_size - T, rows)
     q_pos = jnp.asarray(lengths[:, None] + np.arange(T), jnp.int32)
     q = jnp.asarray(rng.standard_normal((rows, T, heads, D)), jnp.float32)
     batch = attn.AttnBatch(tables, jnp.zeros((rows, T), jnp.int32))
-    ref = attn.paged_attention_xla(q, attn.KVCache(k, v), 0, batch, q_pos)
-    out = attn.paged_attention_pallas(q, attn.KVCache(k, v), 0, batch, q_pos, interpret=True)
+    ref = attn.paged_attention_xla(q, attn.KVCache(k, v), 1, batch, q_pos)
+    out = attn.paged_attention_pallas(q, attn.KVCache(k, v), 1, batch, q_pos, interpret=True)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=2e-5)

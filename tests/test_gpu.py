@@ -21,15 +21,15 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a 
 def test_pallas_paged_attention_matches_xla(dtype, tol, heads, kv_heads, head_dim):
     rng = np.random.default_rng(0)
     B, T, pages, page_size, num_pages = 5, 3, 12, 16, 80
-    k = jnp.asarray(rng.standard_normal((1, kv_heads, num_pages, page_size, head_dim)), dtype)
-    v = jnp.asarray(rng.standard_normal((1, kv_heads, num_pages, page_size, head_dim)), dtype)
+    k = jnp.asarray(rng.standard_normal((kv_heads, 3, num_pages, page_size, head_dim)), dtype)
+    v = jnp.asarray(rng.standard_normal((kv_heads, 3, num_pages, page_size, head_dim)), dtype)
     tables = jnp.asarray(rng.permutation(num_pages)[:B * pages].reshape(B, pages), jnp.int32)
     lengths = rng.integers(T, pages * page_size - T, B)
     q_pos = jnp.asarray(lengths[:, None] + np.arange(T), jnp.int32)  # T queries per sequence, as in verify
     q = jnp.asarray(rng.standard_normal((B, T, heads, head_dim)), dtype)
     batch = AttnBatch(tables, jnp.zeros((B, T), jnp.int32))
-    ref = paged_attention_xla(q, KVCache(k, v), 0, batch, q_pos).astype(jnp.float32)
-    out = paged_attention_pallas(q, KVCache(k, v), 0, batch, q_pos).astype(jnp.float32)
+    ref = paged_attention_xla(q, KVCache(k, v), 1, batch, q_pos).astype(jnp.float32)
+    out = paged_attention_pallas(q, KVCache(k, v), 1, batch, q_pos).astype(jnp.float32)
     err = float(jnp.max(jnp.abs(out - ref)))
     assert err < tol, err
 

@@ -78,8 +78,8 @@ def test_plain_greedy_equals_tp1(weights, prompts, reference, tp, attn_impl):
     runs = generate(llm, prompts)
     assert runs[True] == reference[None] and runs[False] == reference[None]
     kv = llm.engine.runner.caches.target.k
-    assert kv.sharding.spec == P(None, "tp") and len(kv.sharding.device_set) == tp
-    assert kv.shape[1] == max(TINY.num_kv_heads, tp)  # tp = 4 > 2 KV heads: each device keeps a copy of one
+    assert kv.sharding.spec == P("tp") and len(kv.sharding.device_set) == tp
+    assert kv.shape[0] == max(TINY.num_kv_heads, tp)  # tp = 4 > 2 KV heads: each device keeps a copy of one
 
 
 @pytest.mark.parametrize("tp, draft_tp, method", [(2, 1, "eagle"), (2, 2, "eagle"), (4, 1, "eagle"),
@@ -90,7 +90,7 @@ def test_spec_greedy_equals_tp1(weights, prompts, heads, reference, tp, draft_tp
     runs = generate(llm, prompts)
     assert runs[True] == reference[method] and runs[False] == reference[method]
     draft_kv = llm.engine.runner.caches.draft.k
-    assert draft_kv.sharding.spec == (P(None, "tp") if draft_tp > 1 else P())
+    assert draft_kv.sharding.spec == (P("tp") if draft_tp > 1 else P())
     assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
 
 

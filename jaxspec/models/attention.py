@@ -6,9 +6,12 @@ row's valid pages. That kernel takes one query per sequence, so a row's T querie
 each with its own length (its position + 1): causal masking for free, at the cost of re-reading the row's KV
 once per query.
 
-Layout decision: one cache array per K and V, `[L, kv_heads, pages, page_size, head_dim]`. This is the design's
-`[L, pages, page_size, kv_heads, head_dim]` with the KV-head axis moved in front of pages, because that is the
-layout the Pallas kernel reads without a transpose, and it makes sharding by KV heads a split of axis 1.
+Layout decision: one cache array per K and V, `[kv_heads, L, pages, page_size, head_dim]`. This is the design's
+`[L, pages, page_size, kv_heads, head_dim]` with the KV-head axis moved to the front: merging L and pages is then
+free (`[kv_heads, L * pages, page_size, head_dim]`), so a layer is a range of page ids (layer * pages + page)
+and the kernel reads the whole cache in place. Slicing out a layer instead (`k[layer]`) made XLA copy the
+layer's whole pool into the kernel's operand at every layer of every step, so the step time grew with the
+pool. KV heads first also makes sharding by KV heads a split of axis 0.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import jax.numpy as jnp
 @partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=[])
 @dataclass
 class KVCache:
-    k: jax.Array  # [L, kv_heads, pages, page_size, head_dim]
-    v: jax.Array  # [L, kv_heads, pages, page_size, head_dim]
+    k: jax.Array  # [kv_heads, L, pages, page_size, head_dim]
+    v: jax.Array  # [kv_heads, L, pages, page_size, head_dim]
 
     @property
     def num_slots(self) -> int:
@@ -37,7 +40,7 @@ class KVCache:
 
 def init_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: int, head_dim: int,
                dtype: jnp.dtype) -> KVCache:
-    shape = (num_layers, num_kv_heads, num_pages, page_size, head_dim)
+    shape = (num_kv_heads, num_layers, num_pages, page_size, head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
@@ -58,16 +61,23 @@ class AttnBatch:
         return self.block_tables[self.token_rows.reshape(B * T)]
 
 
+def layer_pages(cache: jax.Array, layer: jax.Array | int) -> tuple[jax.Array, jax.Array | int]:
+    """The cache as [kv_heads, L * pages, page_size, head_dim] (a free reshape) and the id offset of `layer`'s
+    pages in it."""
+    kvh, L, P, S, D = cache.shape
+    return cache.reshape(kvh, L * P, S, D), layer * P
+
+
 def write_kv(kv: KVCache, layer: jax.Array | int, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> KVCache:
     """Scatter this chunk's k, v [B, T, kv_heads, head_dim] into layer `layer`; padding slots are dropped."""
-    L, kvh, P, S, D = kv.k.shape
+    kvh, L, P, S, D = kv.k.shape
     slots = slot_mapping.reshape(-1)
-    slots = jnp.where(slots < 0, P * S, slots)  # out of range -> dropped (negative indices would wrap)
+    slots = jnp.where(slots < 0, L * P * S, layer * P * S + slots)  # out of range -> dropped
 
     def put(cache: jax.Array, new: jax.Array) -> jax.Array:
-        flat = cache.reshape(L, kvh, P * S, D)
-        new = new.reshape(-1, kvh, D).astype(cache.dtype)  # [B*T, kv_heads, D] (advanced index axis first)
-        return flat.at[layer, :, slots].set(new, mode="drop").reshape(cache.shape)
+        flat = cache.reshape(kvh, L * P * S, D)
+        new = new.reshape(-1, kvh, D).swapaxes(0, 1).astype(cache.dtype)  # [kv_heads, B*T, D]
+        return flat.at[:, slots].set(new, mode="drop").reshape(cache.shape)
 
     return KVCache(k=put(kv.k, k), v=put(kv.v, v))
 
@@ -92,7 +102,8 @@ def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch
     tables = batch.token_block_tables(B, T)  # [B*T, pages]
 
     def gather(cache: jax.Array) -> jax.Array:
-        rows = cache[layer][:, tables]  # [KVH, B*T, pages, page_size, D]
+        pages, offset = layer_pages(cache, layer)
+        rows = pages[:, tables + offset]  # [KVH, B*T, pages, page_size, D]
         kvh, N, pages, S, _ = rows.shape
         return rows.reshape(kvh, N, pages * S, D).transpose(1, 2, 0, 3)  # [B*T, pages*S, KVH, D]
 
@@ -107,10 +118,11 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     """GPU kernel: flatten [B, T] queries to B*T rows, each attending to its first (position + 1) tokens.
 
     With tp > 1 the kernel cannot be auto-partitioned: shard_map runs it per device on that device's KV heads
-    (cache axis 1) and query heads (axis 2), which tensor parallelism keeps on the same device.
+    (cache axis 0) and query heads (axis 2), which tensor parallelism keeps on the same device.
     """
-    block_tables = batch.token_block_tables(*q.shape[:2])  # [B*T, pages]
-    k_pages, v_pages = kv.k[layer], kv.v[layer]  # [KVH, pages, page_size, D]
+    k_pages, offset = layer_pages(kv.k, layer)  # [KVH, L * pages, page_size, D]: no copy
+    v_pages, _ = layer_pages(kv.v, layer)
+    block_tables = batch.token_block_tables(*q.shape[:2]) + offset  # [B*T, pages]
     run = partial(_pallas_rows, interpret=interpret)
     if tp > 1:
         from jax.sharding import AbstractMesh, AxisType
@@ -138,7 +150,7 @@ def pallas_splits(rows: int, kv_heads: int, table_blocks: int) -> int:
 
 def _pallas_rows(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
                  interpret: bool) -> jax.Array:
-    """q [B, T, H, D]; k_pages, v_pages [KVH, pages, page_size, D] (one layer); block_tables [B*T, pages]."""
+    """q [B, T, H, D]; k_pages, v_pages [KVH, all pages, page_size, D]; block_tables [B*T, pages]."""
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     B, T, H, D = q.shape
