@@ -85,6 +85,18 @@ def test_tensor_parallel_flag_gives_the_same_outputs(tmp_path):
         assert (f"tp {tp}" in result["label"]) == (tp > 1)
     assert digests[1] == digests[2]
 
+
+def test_sweep_without_the_plain_mode(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    result = main(["--load-format", "dummy", "--hf-config", str(tmp_path / "config.json"), "--sweep",
+                   "--sweep-prompts", "2", "--sweep-no-plain", "--synthetic-acceptance", "0.5",
+                   "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}', *SMALL,
+                   "--results-dir", str(tmp_path)])
+    assert not result["errors"], result["errors"]
+    assert {(p["mode"], p["async"]) for p in result["points"]} == {("eagle k=2 synthetic p=0.5", True),
+                                                                   ("eagle k=2 synthetic p=0.5", False)}
+
+
 def test_rerender_and_cli(sweep, capsys):
     """`jaxspec bench throughput --from-json` re-renders a saved run; the section is replaced, not duplicated."""
     from jaxspec.cli import main as cli_main

@@ -93,6 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("sweep and reports")
     s.add_argument("--sweep", action="store_true", help="prompt counts x async/sync x EAGLE/no speculation")
     s.add_argument("--sweep-prompts", type=_ints, default=[24, 48, 96])
+    s.add_argument("--sweep-no-plain", action="store_true",
+                   help="with --speculative-config: leave the no-speculation mode out (half the compiling)")
     s.add_argument("--hf-baseline", action="store_true", help="transformers generate on the same prompts")
     s.add_argument("--hf-prompts", type=_ints, help="prompt counts for the HF peer (default: all)")
     s.add_argument("--hf-timeout", type=float, default=300.0)
@@ -340,8 +342,9 @@ def run(args) -> dict:
     # a multiple of 128 = 8 pages of 16: the Pallas paged-attention kernel splits a block table into blocks of 8
     need = max(map(len, prompts)) + args.max_tokens + 2 * k + 1
     args.max_model_len = args.max_model_len or -(-need // 128) * 128
-    modes = [(mode_label(spec, args.synthetic_acceptance), spec)] + ([(mode_label(None, None), None)]
-                                                                        if args.sweep and spec else [])
+    modes = [(mode_label(spec, args.synthetic_acceptance), spec)]
+    if args.sweep and spec and not args.sweep_no_plain:
+        modes.append((mode_label(None, None), None))
     date = datetime.datetime.now(datetime.timezone.utc)
     knobs = [f"{v} {what}" for v, what in ((args.layer_loop, "layers"), (args.attn_impl, "attention")) if v != "auto"]
     knobs += [f"tp {args.tensor_parallel_size}"] if args.tensor_parallel_size > 1 else []
