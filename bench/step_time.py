@@ -5,14 +5,14 @@
 Random weights of the given shape (bf16), every slot at `--context` tokens, plain decoding (k = 0) or the fused
 verify+draft step with an EAGLE-1 head (`--k`). Steps are dispatched back to back (the engine's async mode keeps
 the device this busy) and timed over `--iters` after a warm-up; the floor is (weights + the batch's KV) /
-measured copy bandwidth, since a decode step must read every weight and every cached K/V once.
+measured copy bandwidth, since a decode step must read every weight it multiplies by (not the embedding table:
+a lookup reads B rows) and every cached K/V once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -24,14 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.report import measure_bandwidth  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
-from jaxspec.bench.engine import decode_step_time  # noqa: E402
+from jaxspec.bench.engine import decode_step_time, step_read_bytes  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
 from jaxspec.models import attention, eagle, llama  # noqa: E402
-
-
-def nbytes(tree) -> int:
-    return sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
 def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int,
@@ -44,11 +40,11 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
     ec.num_pages = int(B * ec.pages_per_seq * pool_scale)
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
     pipelined, blocking = decode_step_time(runner, B, context, iters)
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.jnp_dtype.itemsize
+    b = step_read_bytes(cfg, w, dcfg, dw, k)
     mean_context = context + iters * (k + 1) / 2
-    return {"batch": B, "k": k, "context": context, "step_s": pipelined, "step_blocking_s": blocking,
-            "weight_bytes": nbytes(w) + (nbytes(dw) if dw is not None else 0),
-            "kv_bytes": int(B * mean_context * kv_per_token)}
+    return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": pipelined,
+            "step_blocking_s": blocking, "weight_bytes": b["target_weights"] + k * b["draft_weights_per_pass"],
+            "kv_bytes": int(B * mean_context * (b["kv_per_token_target"] + k * b["kv_per_token_draft"]))}
 
 
 def main() -> None:

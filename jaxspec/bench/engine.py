@@ -77,9 +77,16 @@ def model_bytes(llm: LLM) -> dict:
     """Configs and what a decode step must read (report.py's roofline)."""
     runner = llm.engine.runner
     tcfg, dcfg, tw, dw = llm.model_config, runner.spec.draft, runner.tw, runner.dw
-    head = tw.embed if tw.lm_head is None else tw.lm_head  # the LM head; a lookup reads only B rows of embed
+    return {"config": dataclasses.asdict(tcfg), "draft_config": dataclasses.asdict(dcfg) if dcfg else None,
+            "total_weight_bytes": _nbytes(tw, dw), "bytes": step_read_bytes(tcfg, tw, dcfg, dw, runner.k)}
+
+
+def step_read_bytes(tcfg, tw, dcfg, dw, k: int) -> dict:
+    """What a decode step must read: the target's weights but the embedding (a lookup reads only B rows; tied, it
+    is the LM head), each draft pass's weights, and the KV bytes per token of context."""
+    head = tw.embed if tw.lm_head is None else tw.lm_head
     itemsize = tcfg.jnp_dtype.itemsize
-    b = {"k": runner.k, "tensor_parallel_size": tcfg.tp_size, "target_weights": _nbytes(tw.layers, tw.final_norm, head),
+    b = {"k": k, "tensor_parallel_size": tcfg.tp_size, "target_weights": _nbytes(tw.layers, tw.final_norm, head),
          "kv_per_token_target": 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * itemsize,
          "draft_weights_per_pass": 0, "kv_per_token_draft": 0}
     if dw is not None:
@@ -87,8 +94,7 @@ def model_bytes(llm: LLM) -> dict:
                dw.w_down, dw.final_norm)
         b["draft_weights_per_pass"] = _nbytes(*own, dw.lm_head if dcfg.method == "eagle3" else head)
         b["kv_per_token_draft"] = 2 * dcfg.num_kv_heads * dcfg.head_dim * itemsize
-    return {"config": dataclasses.asdict(tcfg), "draft_config": dataclasses.asdict(dcfg) if dcfg else None,
-            "total_weight_bytes": _nbytes(tw, dw), "bytes": b}
+    return b
 
 
 def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, float]:
