@@ -1,10 +1,8 @@
 """Paged KV cache and attention with several queries per sequence.
 
 Two implementations behind `attention`: "xla", the reference (gathers each row's pages and masks by position;
-runs anywhere, what the CPU tests use) and "pallas", JAX's Pallas GPU paged-attention kernel, which reads only a
-row's valid pages. That kernel takes one query per sequence, so a row's T queries are flattened into B*T rows,
-each with its own length (its position + 1): causal masking for free, at the cost of re-reading the row's KV
-once per query.
+runs anywhere, what the CPU tests use) and "pallas", our Pallas GPU kernel (paged_kernel), which reads only a
+row's valid pages, once for all of its queries, each query masked to its own length (position + 1).
 
 Layout decision: one cache array per K and V, `[kv_heads, L, pages, page_size, head_dim]`. This is the design's
 `[L, pages, page_size, kv_heads, head_dim]` with the KV-head axis moved to the front: merging L and pages is then
@@ -21,6 +19,8 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+
+from jaxspec.models import paged_kernel
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=[])
@@ -115,15 +115,19 @@ def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch
 
 def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
                            q_pos: jax.Array, interpret: bool = False, tp: int = 1) -> jax.Array:
-    """GPU kernel: flatten [B, T] queries to B*T rows, each attending to its first (position + 1) tokens.
+    """GPU kernel (paged_kernel): each sequence's T queries in one program per KV head, reading its context once.
+    A ragged batch (several sequences per row: prefill) runs as B*T one-query rows with their own tables.
 
     With tp > 1 the kernel cannot be auto-partitioned: shard_map runs it per device on that device's KV heads
     (cache axis 0) and query heads (axis 2), which tensor parallelism keeps on the same device.
     """
+    B, T, H, D = q.shape
     k_pages, offset = layer_pages(kv.k, layer)  # [KVH, L * pages, page_size, D]: no copy
     v_pages, _ = layer_pages(kv.v, layer)
-    block_tables = batch.token_block_tables(*q.shape[:2]) + offset  # [B*T, pages]
-    run = partial(_pallas_rows, interpret=interpret)
+    tables = batch.block_tables if batch.token_rows is None else batch.token_block_tables(B, T)
+    if batch.token_rows is not None:
+        q, q_pos = q.reshape(B * T, 1, H, D), q_pos.reshape(B * T, 1)
+    run = partial(_pallas, interpret=interpret)
     if tp > 1:
         from jax.sharding import AbstractMesh, AxisType
         from jax.sharding import PartitionSpec as P
@@ -133,7 +137,7 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
         heads = P(None, None, TP_AXIS)
         run = jax.shard_map(run, mesh=mesh, in_specs=(heads, P(TP_AXIS), P(TP_AXIS), P(), P()), out_specs=heads,
                             check_vma=False)
-    return run(q, k_pages, v_pages, block_tables, q_pos)
+    return run(q, k_pages, v_pages, tables + offset, q_pos).reshape(B, T, H, D)
 
 
 PALLAS_PROGRAMS = 2048  # about what an H200's 132 SMs keep resident at 4 warps per program
@@ -148,24 +152,20 @@ def pallas_splits(rows: int, kv_heads: int, table_blocks: int) -> int:
     return 1 << (want.bit_length() - 1)
 
 
-def _pallas_rows(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
-                 interpret: bool) -> jax.Array:
-    """q [B, T, H, D]; k_pages, v_pages [KVH, all pages, page_size, D]; block_tables [B*T, pages]."""
-    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
-
-    B, T, H, D = q.shape
+def _pallas(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
+            interpret: bool) -> jax.Array:
+    """q [B, T, H, D]; k_pages, v_pages [KVH, all pages, page_size, D]; block_tables [B, pages]."""
+    B, _, _, D = q.shape
     pages = block_tables.shape[1]
-    lengths = jnp.maximum(q_pos.reshape(-1) + 1, 1).astype(jnp.int32)
-    # The kernel walks the table in k_splits partitions of pages_per_compute_block pages; its Triton lowering
-    # wants power-of-two sizes, so pad the table (padding pages lie past every length and are never read).
+    # the kernel walks the table in splits partitions of pages_per_block pages; Triton wants power-of-two sizes,
+    # so pad the table (padding pages lie past every length and are never read)
     padded = 1 << (pages - 1).bit_length()
     block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
     per_block = min(8, padded)
-    splits = pallas_splits(B * T, k_pages.shape[0], padded // per_block)
-    out = paged_attention((q.reshape(B * T, H, D) / jnp.sqrt(D).astype(q.dtype)), k_pages, v_pages,
-                          block_tables, lengths, pages_per_compute_block=per_block, k_splits=splits,
-                          interpret=interpret)
-    return out.reshape(B, T, H, D)
+    splits = pallas_splits(B, k_pages.shape[0], padded // per_block)
+    q = q / jnp.sqrt(D).astype(q.dtype)
+    return paged_kernel.paged_attention(q, k_pages, v_pages, block_tables, q_pos, pages_per_block=per_block,
+                                        splits=splits, interpret=interpret)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KVCache | None,
