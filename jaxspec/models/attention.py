@@ -14,6 +14,7 @@ pool. KV heads first also makes sharding by KV heads a split of axis 0.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -140,7 +141,8 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     return run(q, k_pages, v_pages, tables + offset, q_pos).reshape(B, T, H, D)
 
 
-PALLAS_PROGRAMS = 2048  # about what an H200's 132 SMs keep resident at 4 warps per program
+# about what an H200's 132 SMs keep resident at 4 warps per program (bench/attn_kernel.py measures others)
+PALLAS_PROGRAMS = int(os.environ.get("JAXSPEC_ATTN_PROGRAMS", 2048))
 
 
 def pallas_splits(rows: int, kv_heads: int, table_blocks: int) -> int:
@@ -161,7 +163,7 @@ def _pallas(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: 
     # so pad the table (padding pages lie past every length and are never read)
     padded = 1 << (pages - 1).bit_length()
     block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
-    per_block = min(8, padded)
+    per_block = min(paged_kernel.PAGES_PER_BLOCK, padded)
     splits = pallas_splits(B, k_pages.shape[0], padded // per_block)
     q = q / jnp.sqrt(D).astype(q.dtype)
     return paged_kernel.paged_attention(q, k_pages, v_pages, block_tables, q_pos, pages_per_block=per_block,

@@ -11,6 +11,7 @@ one partial result per table partition, merged outside the kernel. Partial sums 
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import jax
@@ -18,8 +19,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
-NUM_WARPS = 4
-NUM_STAGES = 2
+# Launch parameters, measured on the H200 with bench/attn_kernel.py (which also tunes them for another GPU)
+PAGES_PER_BLOCK = int(os.environ.get("JAXSPEC_ATTN_PAGES_PER_BLOCK", 8))  # pages per loop iteration
+NUM_WARPS = int(os.environ.get("JAXSPEC_ATTN_NUM_WARPS", 4))
+NUM_STAGES = int(os.environ.get("JAXSPEC_ATTN_NUM_STAGES", 2))
 
 
 def _kernel(q_ref, k_ref, v_ref, tables_ref, row_len_ref, o_ref, l_ref, m_ref, *, pages_per_block: int):
@@ -60,10 +63,10 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, row_len_ref, o_ref, l_ref, m_ref, *
     m_ref[...] = m
 
 
-@partial(jax.jit, static_argnames=("pages_per_block", "splits", "interpret", "num_warps"))
+@partial(jax.jit, static_argnames=("pages_per_block", "splits", "interpret", "num_warps", "num_stages"))
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array,
                     q_pos: jax.Array, *, pages_per_block: int, splits: int, interpret: bool = False,
-                    num_warps: int = NUM_WARPS) -> jax.Array:
+                    num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> jax.Array:
     """q [B, T, H, D], pre-scaled by 1/sqrt(D); k_pages, v_pages [KVH, pages, S, D]; block_tables [B, P] with P
     a power of two, P / splits a multiple of pages_per_block; q_pos [B, T]: query t of sequence b sees keys
     0 .. q_pos[b, t]. Returns [B, T, H, D]."""
@@ -91,7 +94,7 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_
                    pl.BlockSpec((None, None, None, R), lambda b, h, s: (s, b, h, 0)),
                    pl.BlockSpec((None, None, None, R), lambda b, h, s: (s, b, h, 0))],
         out_shape=[part(R, D), part(R), part(R)],
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=NUM_STAGES),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="jaxspec_paged_attention",
     )(q_rows, k_pages, v_pages, tables, row_len)
