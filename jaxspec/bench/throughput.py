@@ -358,7 +358,9 @@ def run(args) -> dict:
                           "mean_input_len": sum(map(len, prompts)) / len(prompts)},
               "models": {}, "points": [], "identical": {}, "hf_agreement": {}, "profile": [], "errors": [],
               "timings": {}}
-    stem = f"{date:%Y%m%d-%H%M%S}-{_slug(src.label)}" + (f"-{_slug(spec['method'])}" if spec else "")
+    # knobs in the name too: two runs of one model started in the same second must not overwrite each other
+    stem = "-".join([f"{date:%Y%m%d-%H%M%S}", _slug(src.label), *([_slug(spec["method"])] if spec else []),
+                     *map(_slug, knobs)])
     json_paths = ([Path(args.results_dir) / f"{stem}.json"] if args.sweep else []) + (
         [Path(args.output_json)] if args.output_json else [])
     bench = Bench(args, result, json_paths)
