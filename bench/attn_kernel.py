@@ -90,8 +90,7 @@ def main() -> None:
         ref = stock(q, k, v, tables, q_pos).astype(jnp.float32)
         for asked, warps, stages, programs in variants:
             per_block = min(asked, pages)
-            splits = max(1, min(16, pages // per_block, programs // (B * kvh)))
-            splits = 1 << (splits.bit_length() - 1)
+            splits = attention.pallas_splits(B, kvh, pages // per_block, programs)
             ours = lambda q, k, v, t, p, a=(per_block, splits, warps, stages): paged_kernel.paged_attention(  # noqa
                 q, k, v, t, p, pages_per_block=a[0], splits=a[1], num_warps=a[2], num_stages=a[3],
                 interpret=args.interpret)

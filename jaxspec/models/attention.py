@@ -125,8 +125,10 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     B, T, H, D = q.shape
     k_pages, offset = layer_pages(kv.k, layer)  # [KVH, L * pages, page_size, D]: no copy
     v_pages, _ = layer_pages(kv.v, layer)
-    tables = batch.block_tables if batch.token_rows is None else batch.token_block_tables(B, T)
-    if batch.token_rows is not None:
+    if batch.token_rows is None:
+        tables = batch.block_tables
+    else:  # ragged: every token is a one-query row with its own table
+        tables = batch.token_block_tables(B, T)
         q, q_pos = q.reshape(B * T, 1, H, D), q_pos.reshape(B * T, 1)
     run = partial(_pallas, interpret=interpret)
     if tp > 1:
@@ -145,12 +147,12 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
 PALLAS_PROGRAMS = int(os.environ.get("JAXSPEC_ATTN_PROGRAMS", 2048))
 
 
-def pallas_splits(rows: int, kv_heads: int, table_blocks: int) -> int:
+def pallas_splits(rows: int, kv_heads: int, table_blocks: int, programs: int | None = None) -> int:
     """How many partitions of the block table the kernel runs as separate programs (then merges). Splits keep
     the GPU busy when few rows have long contexts, but every split costs a program and a merge even past a
-    row's length: use the fewest that give about PALLAS_PROGRAMS programs. A power of two dividing
-    table_blocks, at most 16."""
-    want = max(1, min(16, table_blocks, PALLAS_PROGRAMS // (rows * kv_heads)))
+    row's length: use the fewest that give about `programs` (default PALLAS_PROGRAMS) programs. A power of two
+    dividing table_blocks, at most 16."""
+    want = max(1, min(16, table_blocks, (programs or PALLAS_PROGRAMS) // (rows * kv_heads)))
     return 1 << (want.bit_length() - 1)
 
 
