@@ -143,8 +143,12 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     return run(q, k_pages, v_pages, tables + offset, q_pos).reshape(B, T, H, D)
 
 
-# about what an H200's 132 SMs keep resident at 4 warps per program (bench/attn_kernel.py measures others)
-PALLAS_PROGRAMS = int(os.environ.get("JAXSPEC_ATTN_PROGRAMS", 2048))
+# Programs to aim for. The H200 keeps 3 of the kernel's programs per SM resident (ncu: 74 KB of shared memory
+# each), 396 in all; fewer, longer programs also write and merge fewer partial results. Measured there
+# (bench/step_time.py, steps back to back): 512 against 2048 gave Llama-3-8B plain decoding 5.34 against 5.65 ms
+# at batch 32, 4.88 against 5.00 at 16, 4.67 against 4.68 at 8 (1 to 4: the same splits); SmolLM2 with k = 3 at
+# batch 96, 2.18 against 2.81 ms; the Llama-3-8B EAGLE sweep 2 to 4 % more tokens/s.
+PALLAS_PROGRAMS = int(os.environ.get("JAXSPEC_ATTN_PROGRAMS", 512))
 
 
 def pallas_splits(rows: int, kv_heads: int, table_blocks: int, programs: int | None = None) -> int:
@@ -165,7 +169,7 @@ def _pallas(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: 
     # so pad the table (padding pages lie past every length and are never read)
     padded = 1 << (pages - 1).bit_length()
     block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
-    per_block = min(paged_kernel.PAGES_PER_BLOCK, padded)
+    per_block = min(max(1, paged_kernel.BLOCK_TOKENS // k_pages.shape[2]), padded)
     splits = pallas_splits(B, k_pages.shape[0], padded // per_block)
     q = q / jnp.sqrt(D).astype(q.dtype)
     return paged_kernel.paged_attention(q, k_pages, v_pages, block_tables, q_pos, pages_per_block=per_block,
