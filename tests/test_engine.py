@@ -124,8 +124,18 @@ def test_two_thousand_requests_complete_and_free_every_page(weights):
     assert not llm.engine.scheduler.has_unfinished()
 
 
-def test_no_compilation_during_generation(weights, prompts):
+def test_no_compilation_during_generation(weights, prompts, monkeypatch):
+    """Warm-up compiles exactly the programs generation runs, with either GEMM backend (step.program): here
+    decode buckets below 4 tokens keep XLA's GEMMs and the rest use cuBLAS."""
+    from jaxspec.engine import step
+
+    monkeypatch.setattr(step, "CUBLAS_MIN_TOKENS", 4)
+    programs = lambda cublas: sum(step.compiled(s, cublas)._cache_size()  # noqa: E731
+                                  for s in (step.decode_step, step.prefill_step))
+    before = {cublas: programs(cublas) for cublas in (False, True)}
     llm = make_llm(weights, warmup=True, max_num_seqs=4, max_num_batched_tokens=32)
+    assert llm.engine_config.decode_buckets[0] < 4 <= llm.engine_config.decode_buckets[-1]
+    assert all(programs(cublas) > before[cublas] for cublas in (False, True))
     compiles = []
     listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa
     jax.monitoring.register_event_duration_secs_listener(listener)

@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 
-from jaxspec.engine.step import decode_step, prefill_step
+from jaxspec.engine.step import compiled, decode_step, prefill_step
 from jaxspec.llm import LLM
 from jaxspec.models import llama
 
@@ -50,7 +50,8 @@ def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None) -> int
 def num_compiled() -> int | None:
     """Programs in the step functions' jit caches: a change during a timed run means it compiled."""
     try:
-        return decode_step._cache_size() + prefill_step._cache_size()
+        return sum(compiled(step, cublas)._cache_size() for step in (decode_step, prefill_step)
+                   for cublas in (False, True))
     except AttributeError:
         return None
 

@@ -18,7 +18,7 @@ from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
-from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step
+from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step, program
 from jaxspec.models import eagle, llama
 
 
@@ -99,7 +99,8 @@ class ModelRunner:
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
         sampling, spec = self._sampling(slots)
-        self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows, sampling, spec)
+        self.caches, self.state, out = program(decode_step, B * (self.k + 1))(self.tw, self.dw, self.caches,
+                                                                              self.state, rows, sampling, spec)
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
@@ -130,8 +131,8 @@ class ModelRunner:
             rows[r, 1:3] = (at + c.length - 1, int(c.is_last))
             at += c.length
         sampling, spec = self._sampling(slots)
-        self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows, sampling,
-                                                    spec)
+        self.caches, self.state, out = program(prefill_step, N)(self.tw, self.dw, self.caches, self.state, tok, rows,
+                                                                sampling, spec)
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
@@ -149,8 +150,9 @@ class ModelRunner:
                 rows = np.full((B, 1 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
                 t0 = time.perf_counter()
-                self.caches, self.state, out = decode_step(self.tw, self.dw, self.caches, self.state, rows,
-                                                           np.zeros((B, 4), np.uint32), spec)
+                step = program(decode_step, B * (self.k + 1))
+                self.caches, self.state, out = step(self.tw, self.dw, self.caches, self.state, rows,
+                                                    np.zeros((B, 4), np.uint32), spec)
                 count += self._timed(log, f"decode bucket {B}", t0, out)
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
@@ -158,8 +160,8 @@ class ModelRunner:
                 rows = np.full((R, 3 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
                 t0 = time.perf_counter()
-                self.caches, self.state, out = prefill_step(self.tw, self.dw, self.caches, self.state, tok, rows,
-                                                            np.zeros((R, 4), np.uint32), spec)
+                self.caches, self.state, out = program(prefill_step, N)(self.tw, self.dw, self.caches, self.state,
+                                                                        tok, rows, np.zeros((R, 4), np.uint32), spec)
                 count += self._timed(log, f"prefill bucket {N}", t0, out)
         return count
 

@@ -16,8 +16,11 @@ Host plan layouts (few, large arrays: each jit argument leaf costs host time per
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -129,7 +132,6 @@ def _attn_tables(block_tables: jax.Array) -> jax.Array:
     return jnp.maximum(block_tables, 0)  # unallocated entries are never visible; keep kernels' reads in bounds
 
 
-@partial(jax.jit, static_argnames=("spec",), donate_argnames=("caches", "state"))
 def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
                 rows_i32: jax.Array, sampling: jax.Array, spec: StepSpec) -> tuple[Caches, SlotState, jax.Array]:
     k = spec.num_speculative_tokens
@@ -172,7 +174,6 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
-@partial(jax.jit, static_argnames=("spec",), donate_argnames=("caches", "state"))
 def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
                  tok_i32: jax.Array, rows_i32: jax.Array, sampling: jax.Array,
                  spec: StepSpec) -> tuple[Caches, SlotState, jax.Array]:
@@ -213,3 +214,23 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
                       seq_len=state.seq_len.at[slots].set(first_pos + 1))
     out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
+
+
+# The GEMM backend, chosen per program by the tokens a step runs through the model. XLA's default fuses GEMMs into
+# Triton kernels it writes itself; with the flag off it calls cuBLAS. On the H200 (bench/step_time.py, Llama-3-8B
+# shapes, steps dispatched back to back) XLA's Triton GEMMs were faster when a step's matrices have few rows
+# (4.41 against 4.61 ms at 1 token per step, 5.63 against 5.80 at 32) and cuBLAS far faster with many (12.5
+# against 17.8 ms for the fused EAGLE step at 96 rows x 3 tokens = 288).
+CUBLAS_MIN_TOKENS = int(os.environ.get("JAXSPEC_CUBLAS_MIN_TOKENS", 64))
+
+
+@functools.cache
+def compiled(step: Callable, cublas: bool) -> Callable:
+    """`step` (decode_step or prefill_step) jitted, caches and slot state donated, with or without cuBLAS GEMMs."""
+    return jax.jit(step, static_argnames=("spec",), donate_argnames=("caches", "state"),
+                   compiler_options={"xla_gpu_enable_triton_gemm": False} if cublas else None)
+
+
+def program(step: Callable, tokens: int) -> Callable:
+    """The jitted `step` for a batch that runs `tokens` tokens through the model (rows x (k + 1) to decode)."""
+    return compiled(step, tokens >= CUBLAS_MIN_TOKENS)
