@@ -31,8 +31,8 @@ from jaxspec.models import attention, eagle, llama  # noqa: E402
 
 
 def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int,
-               max_model_len: int | None = None, pool_scale: float = 1.0) -> dict:
-    page_size = 16
+               max_model_len: int | None = None, pool_scale: float = 1.0, profile_dir: str | None = None,
+               page_size: int = 16) -> dict:
     need = context + (iters + 8) * (k + 1) + 2 * k + 16
     ec = EngineConfig(max_model_len=max(need, max_model_len or 0), max_num_seqs=B, page_size=page_size,
                       decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,
@@ -40,11 +40,28 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
     ec.num_pages = int(B * ec.pages_per_seq * pool_scale)
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
     pipelined, blocking = decode_step_time(runner, B, context, iters)
+    kernels = profile_steps(runner, B, context, iters, profile_dir) if profile_dir else None
     b = step_read_bytes(cfg, w, dcfg, dw, k)
     mean_context = context + iters * (k + 1) / 2
     return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": pipelined,
             "step_blocking_s": blocking, "weight_bytes": b["target_weights"] + k * b["draft_weights_per_pass"],
-            "kv_bytes": int(B * mean_context * (b["kv_per_token_target"] + k * b["kv_per_token_draft"]))}
+            "kv_bytes": int(B * mean_context * (b["kv_per_token_target"] + k * b["kv_per_token_draft"])),
+            "kernels_per_step": kernels}
+
+
+def profile_steps(runner, B: int, context: int, iters: int, log_dir: str, top: int = 25) -> list[dict]:
+    """Device time per step by kernel name, from a jax.profiler trace of the pipelined steps."""
+    from jaxspec.bench.profile import find_trace, kernel_totals, load_trace
+
+    with jax.profiler.trace(log_dir):
+        decode_step_time(runner, B, context, iters)
+    steps = iters + 3 + min(iters, 10)  # decode_step_time's warm-up, pipelined and blocking steps
+    totals = kernel_totals(load_trace(find_trace(log_dir)))
+    rows = [r | {"count": r["count"] / steps, "ms": r["ms"] / steps} for r in totals]
+    print(f"B={B}: device ms per step {sum(r['ms'] for r in rows):.3f}, by kernel:")
+    for r in rows[:top]:
+        print(f"  {r['ms']:8.3f} ms  x{r['count']:5.1f}  {r['name'][:110]}")
+    return rows
 
 
 def main() -> None:
@@ -58,10 +75,13 @@ def main() -> None:
     ap.add_argument("--layer-loop", default="auto", help="auto (unroll on GPU, scan elsewhere), unroll, scan")
     ap.add_argument("--max-model-len", type=int, help="block-table width as the engine would size it "
                                                         "(default: just what the timed steps need)")
+    ap.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
     ap.add_argument("--pool-scale", type=float, default=1.0,
                     help="KV pool size as a multiple of what the batch needs (the engine's pool is larger)")
     ap.add_argument("--pallas-programs", type=int, help="override attention.PALLAS_PROGRAMS (the kernel's "
                                                           "table splits), to compare settings")
+    ap.add_argument("--profile-dir", help="also trace --iters pipelined steps at the first batch size and print "
+                                          "device time per step by kernel")
     ap.add_argument("--output-json")
     args = ap.parse_args()
 
@@ -78,9 +98,9 @@ def main() -> None:
         dw = eagle.init(dcfg, jax.random.key(1))
     bw = measure_bandwidth()
     rows = []
-    for B in [int(b) for b in args.batches.split(",")]:
+    for i, B in enumerate(int(b) for b in args.batches.split(",")):
         r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters, args.max_model_len,
-                       args.pool_scale)
+                       args.pool_scale, args.profile_dir if i == 0 else None, args.page_size)
         r["floor_s"] = (r["weight_bytes"] + r["kv_bytes"]) / (bw["tb_s"] * 1e12)
         r["over_floor"] = r["step_s"] / r["floor_s"]
         rows.append(r)
@@ -88,7 +108,8 @@ def main() -> None:
               f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
-              "pallas_programs": attention.PALLAS_PROGRAMS, "pool_scale": args.pool_scale,
+              "pallas_programs": attention.PALLAS_PROGRAMS, "pool_scale": args.pool_scale, "page_size": args.page_size,
+              "attn_env": {k: v for k, v in os.environ.items() if k.startswith("JAXSPEC_ATTN_")},
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "bandwidth": bw, "rows": rows}
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))

@@ -32,7 +32,8 @@ def sweep(tmp_path_factory):
             "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}', *SMALL,
             "--results-dir", str(tmp / "results"), "--output-json", str(tmp / "out.json"),
             "--update-results-md", str(tmp / "RESULTS.md"), "--profile-dir", str(tmp / "prof"),
-            "--profile-max-tokens", "4", "--measure-bandwidth", "--bandwidth-bytes", str(1 << 20)]
+            "--profile-max-tokens", "4", "--profile-repeats", "2", "--measure-bandwidth",
+            "--bandwidth-bytes", str(1 << 20)]
     return tmp, argv
 
 
@@ -63,6 +64,7 @@ def test_sweep_point(sweep, capsys):
     assert saved["bandwidth"]["tb_s"] > 0
     assert len(saved["profile"]) == 4
     assert all(0 < p["busy_fraction"] <= 1 and p["num_steps"] > 0 for p in saved["profile"])
+    assert all(p["nvml_repeats"] == 2 and "nvml_error" in p for p in saved["profile"])  # no NVML GPU here
     assert list((tmp / "results").glob("*.json"))
     md = (tmp / "RESULTS.md").read_text()
     assert result["label"] in md and "| num_prompts | mode |" in md
@@ -163,6 +165,31 @@ def test_device_busy_from_trace():
     assert busy["busy_fraction"] == pytest.approx(0.5)  # [100,110) + [120,160)
     assert busy["compute_busy_fraction"] == pytest.approx(0.4)
     assert profile.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+
+
+def test_nvml_busy_keeps_samples_whose_period_lies_inside_the_call(monkeypatch):
+    """A utilization sample covers the period before its time stamp: one that began before the call (idle, for all
+    we know) or stamped after it is left out; the others are averaged."""
+    import time
+    import types
+
+    class Sample:
+        def __init__(self, ts, value):
+            self.timeStamp, self.sampleValue = ts, types.SimpleNamespace(uiVal=value)
+
+    clock = iter([1000.0, 1001.0])  # seconds: the call runs from 1000 to 1001
+    monkeypatch.setattr(time, "time", lambda: next(clock))
+    us = 1_000_000
+    samples = [Sample(1000 * us + 100_000, 0), Sample(1000 * us + 300_000, 90), Sample(1000 * us + 500_000, 100),
+               Sample(1000 * us + 700_000, 98), Sample(1001 * us + 100_000, 0)]
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 NVML_GPU_UTILIZATION_SAMPLES=1, NVMLError=RuntimeError,
+                                 nvmlDeviceGetSamples=lambda h, kind, since: (0, samples))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    result, out = profile.sampled_utilization(lambda: "done")
+    assert result == "done" and out["nvml_period_ms"] == pytest.approx(200)
+    assert out["nvml_samples"] == 3 and out["nvml_busy_fraction"] == pytest.approx((90 + 100 + 98) / 300)
+    assert out["nvml_min"] == pytest.approx(0.9)
 
 
 class _Tokenizer:

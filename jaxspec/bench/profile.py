@@ -9,14 +9,26 @@ would over-count); busy_fraction = busy / span. compute_busy leaves out memcpy/m
 device process: XLA's executor threads (`tf_XLA*`) stand in for it, which tests the code path, not the hardware.
 The profiler slows the host down (less so with the options below), so host time per step is taken from the timed,
 unprofiled runs; the profiled run's own per-step numbers are reported as well, marked as profiled.
+
+The tracer costs the host per kernel launch, and once a step is shorter than the host's traced work, the traced
+run is host-bound and reports the profiler's busy fraction, not the engine's. So the same generate is also run
+untraced while NVML samples the GPU (`nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES)`: per sample period, the
+percent of time one or more kernels ran, the number `nvidia-smi` shows): the busy fraction of the real run, at
+the sampling period's resolution (200 ms on the H200). Samples whose period starts before the call are left out,
+so the generate is repeated back to back (`repeats`) until the samples cover its start, steady state and tail
+many times over; the host's gaps between the calls count as idle.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
 
 ANNOTATION = "jaxspec_bench_generate"
 _DERIVED_LINES = ("XLA Modules", "Steps", "TraceMe", "Framework", "Source", "Launch Stats", "Sparse")
@@ -93,6 +105,18 @@ def device_busy(trace: dict, annotation: str = ANNOTATION) -> dict:
             "num_device_events": len(dev), "sum_event_ms": sum(e["dur"] for e in dev) / 1e3}
 
 
+def kernel_totals(trace: dict) -> list[dict]:
+    """Device time per kernel name over the whole trace (most first): where a step's time goes."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    _, dev = _device_events(events, *_names(events))
+    totals: dict[str, list] = {}
+    for e in dev:
+        t = totals.setdefault(e["name"], [0, 0.0])
+        t[0] += 1
+        t[1] += e["dur"]
+    return [{"name": n, "count": c, "ms": us / 1e3} for n, (c, us) in sorted(totals.items(), key=lambda x: -x[1][1])]
+
+
 def _quiet_options():
     """No Python tracer and only level-1 host TraceMes (our annotation, jit dispatch): the default options trace
     every Python call, which triples the host time per step and would hide what async scheduling overlaps."""
@@ -105,13 +129,54 @@ def _quiet_options():
         return None
 
 
-def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str | Path) -> dict:
-    """One generate call under the profiler: device busy fraction, plus host time per step from the engine."""
+def _nvml_index(local_id: int) -> int:
+    """NVML numbers all GPUs; CUDA (and jax) only the visible ones."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    return int(visible[local_id]) if local_id < len(visible) and visible[local_id].strip().isdigit() else local_id
+
+
+def sampled_utilization(fn: Callable[[], Any], local_id: int = 0) -> tuple[Any, dict]:
+    """fn()'s result, and the GPU utilization samples NVML took during it (module docstring): their mean is the
+    fraction of the call's time a kernel ran."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(local_id))
+    except Exception as e:  # no NVML library or bindings (CPU runs, or the package missing)
+        return fn(), {"nvml_error": f"NVML unavailable: {type(e).__name__}: {e}"[:300]}
+    t0 = time.time()
+    result = fn()
+    t1 = time.time()
+    try:
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int(t0 * 1e6))
+    except pynvml.NVMLError as e:
+        return result, {"nvml_error": f"nvmlDeviceGetSamples: {e}"}
+    stamps = [s.timeStamp for s in samples]
+    period = float(np.median(np.diff(stamps))) if len(stamps) > 1 else 0.0  # µs
+    inside = [s.sampleValue.uiVal for s in samples if t0 * 1e6 + period <= s.timeStamp <= t1 * 1e6]
+    out = {"nvml_samples": len(inside), "nvml_period_ms": period / 1e3, "nvml_span_s": t1 - t0,
+           "nvml_returned": len(stamps), "nvml_first_last_us": [stamps[0], stamps[-1]] if stamps else None,
+           "nvml_call_us": [int(t0 * 1e6), int(t1 * 1e6)]}
+    if inside:
+        out |= {"nvml_busy_fraction": sum(inside) / len(inside) / 100, "nvml_min": min(inside) / 100}
+    else:
+        out["nvml_error"] = "no utilization samples inside the call"
+    return result, out
+
+
+def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str | Path, repeats: int = 5) -> dict:
+    """`repeats` generate calls untraced under NVML sampling (busy fraction of the real run), then one under the
+    profiler (a timeline: busy fraction, plus host time per step from the engine)."""
     import jax
 
     from jaxspec.bench.engine import metrics_delta, set_async
 
     set_async(llm, async_scheduling)
+    before = llm.get_metrics()
+    _, nvml = sampled_utilization(lambda: [llm.generate(prompts, params, use_tqdm=False) for _ in range(repeats)],
+                                  getattr(jax.devices()[0], "local_hardware_id", 0) or 0)
+    m = metrics_delta(before, llm.get_metrics())
+    nvml |= {"nvml_repeats": repeats, "nvml_wall_per_step_ms": 1e3 * m["wall_s"] / max(m["num_steps"], 1)}
     before = llm.get_metrics()
     with jax.profiler.trace(str(log_dir), profiler_options=_quiet_options()):
         with jax.profiler.TraceAnnotation(ANNOTATION):
@@ -124,4 +189,4 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
            "wall_per_step_ms": 1e3 * m["wall_s"] / max(m["num_steps"], 1),
            "host_wait_per_step_ms": 1e3 * m["host_wait_s"] / max(m["num_steps"], 1),
            "host_busy_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / max(m["num_steps"], 1)}
-    return out | device_busy(load_trace(path))
+    return out | nvml | device_busy(load_trace(path))

@@ -76,19 +76,23 @@ def sweep_table(result: dict) -> str:
 
 
 def profile_table(result: dict) -> str:
-    """Device busy fraction from the traces; host time per step from the unprofiled timed run of the same mode,
-    scheduling and prompt count when there is one (the profiler slows the host), else from the traced run."""
+    """Device busy fraction sampled by NVML in an untraced run and from the traces; host time per step from the
+    unprofiled timed run of the same mode, scheduling and prompt count when there is one (the profiler slows the
+    host), else from the traced run."""
     timed = {(p["num_prompts"], p["mode"], p["async"]): p for p in result["points"] if _ok(p)}
     rows = []
     for p in result.get("profile", []):
         t = timed.get((p.get("num_prompts"), p.get("mode"), p.get("async")))
         src, q = ("timed run", t) if t else ("profiled run", p)
         pct = lambda v: None if v is None else f"{v:.1%}"  # noqa: E731
-        rows.append([p.get("mode"), "async" if p.get("async") else "sync", p.get("num_prompts"),
+        nvml = pct(p.get("nvml_busy_fraction"))
+        nvml = f"{nvml} ({p['nvml_samples']} samples)" if nvml else p.get("nvml_error", "n/a")
+        rows.append([p.get("mode"), "async" if p.get("async") else "sync", p.get("num_prompts"), nvml,
                      pct(p.get("busy_fraction")), pct(p.get("compute_busy_fraction")), q.get("wall_per_step_ms"),
                      q.get("host_busy_per_step_ms"), q.get("host_wait_per_step_ms"), src,
                      p.get("error") or p.get("method")])
-    return markdown_table(["mode", "scheduling", "num_prompts", "device busy", "compute busy", "wall ms/step",
+    return markdown_table(["mode", "scheduling", "num_prompts", "busy, untraced (NVML)", "busy, traced",
+                           "compute busy, traced", "wall ms/step",
                            "host work ms/step", "host wait ms/step", "per-step source", "method / error"], rows)
 
 

@@ -24,6 +24,7 @@ import datetime
 import gc
 import hashlib
 import json
+import os
 import re
 import shlex
 import socket
@@ -77,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-num-seqs", type=int, help="default: the largest prompt count (at most 256)")
     e.add_argument("--max-model-len", type=int, help="default: longest prompt + max tokens + look-ahead")
     e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument("--block-size", "--page-size", dest="page_size", type=int, default=16,
+                   help="tokens per KV-cache page")
     e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="devices the target is split over (heads, MLP columns/rows, vocabulary, KV heads)")
@@ -101,6 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--profile-dir", help="trace one run per mode and scheduling; report device busy fraction")
     s.add_argument("--profile-prompts", type=int, help="default: the largest prompt count")
     s.add_argument("--profile-max-tokens", type=int, default=64)
+    s.add_argument("--profile-repeats", type=int, default=5,
+                   help="untraced generate calls, back to back, while NVML samples the GPU's busy fraction")
     s.add_argument("--measure-bandwidth", action="store_true", help="time a large device copy (TB/s)")
     s.add_argument("--bandwidth-bytes", type=int)
     s.add_argument("--bandwidth-tbs", type=float, default=4.3,
@@ -339,15 +344,18 @@ def run(args) -> dict:
     prompts, prompt_source = make_prompts(args, src, max(counts))
     k = spec.get("num_speculative_tokens", 0) if spec else 0
     args.max_num_seqs = args.max_num_seqs or min(max(counts), 256)
-    # a multiple of 128 = 8 pages of 16: the Pallas paged-attention kernel splits a block table into blocks of 8
+    # a multiple of 128 tokens (and of the page): the Pallas kernel walks a block table 128 tokens at a time
     need = max(map(len, prompts)) + args.max_tokens + 2 * k + 1
-    args.max_model_len = args.max_model_len or -(-need // 128) * 128
+    unit = max(128, args.page_size)
+    args.max_model_len = args.max_model_len or -(-need // unit) * unit
     modes = [(mode_label(spec, args.synthetic_acceptance), spec)]
     if args.sweep and spec and not args.sweep_no_plain:
         modes.append((mode_label(None, None), None))
     date = datetime.datetime.now(datetime.timezone.utc)
     knobs = [f"{v} {what}" for v, what in ((args.layer_loop, "layers"), (args.attn_impl, "attention")) if v != "auto"]
     knobs += [f"tp {args.tensor_parallel_size}"] if args.tensor_parallel_size > 1 else []
+    knobs += [f"page {args.page_size}"] if args.page_size != 16 else []
+    knobs += [f"{name}={val}" for name, val in sorted(os.environ.items()) if name.startswith("JAXSPEC_ATTN_")]
     label = args.label or " | ".join([src.label + (" (dummy weights)" if args.load_format == "dummy" else ""),
                                       " + ".join(m for m, _ in modes), prompt_source,
                                       f"out {args.max_tokens}", *knobs])
@@ -454,7 +462,8 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     kwargs = dict(tokenizer=src.tokenizer_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, async_scheduling=args.async_scheduling,
                   seed=args.seed, speculative_config=spec, load_format=args.load_format, weights=(cfg, weights),
-                  num_pages=args.max_num_seqs * -(-args.max_model_len // 16) + 1, warmup=args.engine_warmup,
+                  page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
+                  warmup=args.engine_warmup,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop,
                   tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
@@ -488,7 +497,7 @@ def profile(args, bench: Bench, llm, label: str, prompts, counts) -> None:
     for is_async in (True, False):
         log_dir = Path(args.profile_dir) / f"{_slug(label)}-{'async' if is_async else 'sync'}"
         p = bench.guard(f"profile {label} {'async' if is_async else 'sync'}", profile_generate, llm, prompts[:n],
-                        sampling_params(args, n, args.profile_max_tokens), is_async, log_dir)
+                        sampling_params(args, n, args.profile_max_tokens), is_async, log_dir, args.profile_repeats)
         p = p or {"async": is_async, "error": bench.result["errors"][-1]["error"][:300]}
         bench.result["profile"].append({"mode": label, "num_prompts": n} | p)
         if p.get("busy_fraction") is not None:
