@@ -290,12 +290,10 @@ class LLM:
         return [self._output(s) for s in seqs]
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        text = seq.text
-        if self.tokenizer is not None and not seq.params.stop:
-            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        """A finished request's output; its text was decoded as it finished (OutputProcessor)."""
         return RequestOutput(request_id=str(seq.request_id), prompt=seq.prompt,
                              prompt_token_ids=seq.prompt_token_ids,
-                             outputs=[CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason,
+                             outputs=[CompletionOutput(0, seq.text, list(seq.output_token_ids), seq.finish_reason,
                                                        seq.stop_reason)])
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:

@@ -82,15 +82,16 @@ def test_stop_rules_truncate_exactly(weights, prompts, char_model, async_schedul
     llm = make_llm(weights, path, async_scheduling=async_scheduling)
     run = lambda p: llm.generate([prompts[0]], p, use_tqdm=False)[0].outputs[0]  # noqa: E731
 
+    text = "".join(CHARS[t] for t in ref)
     out = run(SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))
-    assert out.token_ids == ref[:7] and out.finish_reason == "length"
+    assert out.token_ids == ref[:7] and out.finish_reason == "length" and out.text == text[:7]
 
     j = _first_repeat_free_index(ref, 5)
     out = run(SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[ref[j]]))
     assert out.token_ids == ref[:j + 1] and out.finish_reason == "stop" and out.stop_reason == ref[j]
+    assert out.text == text[:j + 1]
 
     # a two-character stop string whose characters come from consecutive tokens, i.e. from two steps
-    text = "".join(CHARS[t] for t in ref)
     a = 10
     stop = text[a:a + 2]
     first = text.find(stop)

@@ -55,6 +55,9 @@ class OutputProcessor:
                 return True
         return False
 
-    @staticmethod
-    def _finish(seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason
+        if self.tokenizer is not None and not seq.params.stop:
+            # the whole text, once, as the request finishes: in async mode the device is running the next step
+            # meanwhile, where decoding every output after the run would leave it idle
+            seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
