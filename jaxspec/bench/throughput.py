@@ -355,7 +355,8 @@ def run(args) -> dict:
     knobs = [f"{v} {what}" for v, what in ((args.layer_loop, "layers"), (args.attn_impl, "attention")) if v != "auto"]
     knobs += [f"tp {args.tensor_parallel_size}"] if args.tensor_parallel_size > 1 else []
     knobs += [f"page {args.page_size}"] if args.page_size != 16 else []
-    knobs += [f"{name}={val}" for name, val in sorted(os.environ.items()) if name.startswith("JAXSPEC_ATTN_")]
+    knobs += [f"{name}={val}" for name, val in sorted(os.environ.items())  # engine and compiler knobs
+              if name.startswith("JAXSPEC_") or (name == "XLA_FLAGS" and val)]
     label = args.label or " | ".join([src.label + (" (dummy weights)" if args.load_format == "dummy" else ""),
                                       " + ".join(m for m, _ in modes), prompt_source,
                                       f"out {args.max_tokens}", *knobs])
