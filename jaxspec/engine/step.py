@@ -219,8 +219,9 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
 # The GEMM backend, chosen per program by the tokens a step runs through the model. XLA's default fuses GEMMs into
 # Triton kernels it writes itself; with the flag off it calls cuBLAS. On the H200 (bench/step_time.py, Llama-3-8B
 # shapes, steps dispatched back to back) XLA's Triton GEMMs were faster when a step's matrices have few rows
-# (4.41 against 4.61 ms at 1 token per step, 5.63 against 5.80 at 32) and cuBLAS far faster with many (12.5
-# against 17.8 ms for the fused EAGLE step at 96 rows x 3 tokens = 288).
+# (4.41 against 4.61 ms at 1 token per step, 5.63 against 5.80 at 32; even at 16) and cuBLAS far faster with many
+# (12.5 against 17.8 ms for the fused EAGLE step at 96 rows x 3 tokens = 288). At 72 tokens the two were within
+# 2 % (7.09 ms with cuBLAS, 6.96 without); the threshold between is a choice, not a measurement.
 CUBLAS_MIN_TOKENS = int(os.environ.get("JAXSPEC_CUBLAS_MIN_TOKENS", 64))
 
 
