@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.report import measure_bandwidth  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
-from jaxspec.bench.engine import decode_step_time, step_read_bytes  # noqa: E402
+from jaxspec.bench.engine import decode_step_time, env_knobs, step_read_bytes  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
 from jaxspec.models import attention, eagle, llama  # noqa: E402
@@ -109,8 +108,7 @@ def main() -> None:
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
               "pallas_programs": attention.PALLAS_PROGRAMS, "pool_scale": args.pool_scale, "page_size": args.page_size,
-              "attn_env": {k: v for k, v in os.environ.items() if k.startswith("JAXSPEC_ATTN_")},
-              "xla_flags": os.environ.get("XLA_FLAGS", ""), "bandwidth": bw, "rows": rows}
+              "env": env_knobs(), "bandwidth": bw, "rows": rows}
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))
 

@@ -70,7 +70,6 @@ def test_sweep_point(sweep, capsys):
     assert result["label"] in md and "| num_prompts | mode |" in md
 
 
-
 def test_tensor_parallel_flag_gives_the_same_outputs(tmp_path):
     """--tensor-parallel-size 2 (two of the test's host devices) generates what one device does, with EAGLE."""
     (tmp_path / "config.json").write_text(json.dumps(TINY))
@@ -183,7 +182,7 @@ def test_nvml_busy_keeps_samples_whose_period_lies_inside_the_call(monkeypatch):
     samples = [Sample(1000 * us + 100_000, 0), Sample(1000 * us + 300_000, 90), Sample(1000 * us + 500_000, 100),
                Sample(1000 * us + 700_000, 98), Sample(1001 * us + 100_000, 0)]
     fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
-                                 NVML_GPU_UTILIZATION_SAMPLES=1, NVMLError=RuntimeError,
+                                 nvmlShutdown=lambda: None, NVML_GPU_UTILIZATION_SAMPLES=1, NVMLError=RuntimeError,
                                  nvmlDeviceGetSamples=lambda h, kind, since: (0, samples))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     result, out = profile.sampled_utilization(lambda: "done")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import jax
@@ -45,6 +46,12 @@ def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None) -> int
     """Compile every decode and prefill bucket in the one sampling mode the run uses; `log(msg)` hears each
     program's compile time."""
     return llm.engine.runner.warmup(modes=((all_greedy, filtered),), log=log)
+
+
+def env_knobs() -> dict[str, str]:
+    """The environment variables that change what the engine compiles: jaxspec's (JAXSPEC_*) and XLA_FLAGS."""
+    return {name: val for name, val in sorted(os.environ.items())
+            if name.startswith("JAXSPEC_") or (name == "XLA_FLAGS" and val)}
 
 
 def num_compiled() -> int | None:

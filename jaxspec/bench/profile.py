@@ -144,13 +144,16 @@ def sampled_utilization(fn: Callable[[], Any], local_id: int = 0) -> tuple[Any, 
         handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(local_id))
     except Exception as e:  # no NVML library or bindings (CPU runs, or the package missing)
         return fn(), {"nvml_error": f"NVML unavailable: {type(e).__name__}: {e}"[:300]}
-    t0 = time.time()
-    result = fn()
-    t1 = time.time()
     try:
-        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int(t0 * 1e6))
-    except pynvml.NVMLError as e:
-        return result, {"nvml_error": f"nvmlDeviceGetSamples: {e}"}
+        t0 = time.time()
+        result = fn()
+        t1 = time.time()
+        try:
+            _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int(t0 * 1e6))
+        except pynvml.NVMLError as e:
+            return result, {"nvml_error": f"nvmlDeviceGetSamples: {e}"}
+    finally:
+        pynvml.nvmlShutdown()  # nvmlInit counts references
     stamps = [s.timeStamp for s in samples]
     period = float(np.median(np.diff(stamps))) if len(stamps) > 1 else 0.0  # µs
     inside = [s.sampleValue.uiVal for s in samples if t0 * 1e6 + period <= s.timeStamp <= t1 * 1e6]

@@ -24,7 +24,6 @@ import datetime
 import gc
 import hashlib
 import json
-import os
 import re
 import shlex
 import socket
@@ -331,6 +330,8 @@ def _group(outputs: dict) -> dict:
 # ---- the run
 
 def run(args) -> dict:
+    from jaxspec.bench.engine import env_knobs
+
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())
         result["label"] = args.label or result["label"]
@@ -355,8 +356,7 @@ def run(args) -> dict:
     knobs = [f"{v} {what}" for v, what in ((args.layer_loop, "layers"), (args.attn_impl, "attention")) if v != "auto"]
     knobs += [f"tp {args.tensor_parallel_size}"] if args.tensor_parallel_size > 1 else []
     knobs += [f"page {args.page_size}"] if args.page_size != 16 else []
-    knobs += [f"{name}={val}" for name, val in sorted(os.environ.items())  # engine and compiler knobs
-              if name.startswith("JAXSPEC_") or (name == "XLA_FLAGS" and val)]
+    knobs += [f"{name}={val}" for name, val in env_knobs().items()]  # engine and compiler knobs
     label = args.label or " | ".join([src.label + (" (dummy weights)" if args.load_format == "dummy" else ""),
                                       " + ".join(m for m, _ in modes), prompt_source,
                                       f"out {args.max_tokens}", *knobs])

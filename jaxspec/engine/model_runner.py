@@ -92,6 +92,10 @@ class ModelRunner:
 
     # ---- dispatch
 
+    def _decode_program(self, B: int):
+        """The jitted decode step for batch bucket B: each row runs its last token and k drafts."""
+        return program(decode_step, B * (self.k + 1))
+
     def decode(self, slots: list[int], tables: np.ndarray) -> jax.Array:
         """Dispatch one verify+draft step for the sequences in these slots; `tables` [slots + 1, pages] holds every
         slot's block table. Returns out [B, k+2] (the first len(slots) rows are theirs)."""
@@ -99,8 +103,8 @@ class ModelRunner:
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
         sampling, spec = self._sampling(slots)
-        self.caches, self.state, out = program(decode_step, B * (self.k + 1))(self.tw, self.dw, self.caches,
-                                                                              self.state, rows, sampling, spec)
+        self.caches, self.state, out = self._decode_program(B)(self.tw, self.dw, self.caches, self.state, rows,
+                                                               sampling, spec)
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
@@ -150,9 +154,8 @@ class ModelRunner:
                 rows = np.full((B, 1 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
                 t0 = time.perf_counter()
-                step = program(decode_step, B * (self.k + 1))
-                self.caches, self.state, out = step(self.tw, self.dw, self.caches, self.state, rows,
-                                                    np.zeros((B, 4), np.uint32), spec)
+                self.caches, self.state, out = self._decode_program(B)(self.tw, self.dw, self.caches, self.state,
+                                                                       rows, np.zeros((B, 4), np.uint32), spec)
                 count += self._timed(log, f"decode bucket {B}", t0, out)
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
