@@ -197,6 +197,9 @@ def test_sync_runs_the_same_steps_as_async(weights, prompts):
     (dict(params=SamplingParams(top_p=1.5)), "top_p"),
     (dict(prompt=[]), "empty"),
     (dict(prompt=[5, 500]), "vocabulary"),
+    (dict(prompt=[5, 6.5]), "integers"),
+    (dict(prompt=[[5, 6], [7, 8]]), "flat"),
+    (dict(prompt=[[5, 6], [7]]), "flat"),
 ])
 def test_bad_input_is_rejected_before_anything_runs(weights, prompts, reference, bad, message):
     llm = make_llm(weights)
