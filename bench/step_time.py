@@ -38,12 +38,13 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None)
     ec.num_pages = int(B * ec.pages_per_seq * pool_scale)
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
-    pipelined, blocking = decode_step_time(runner, B, context, iters)
+    pipelined, blocking, dispatch = decode_step_time(runner, B, context, iters)
     kernels = profile_steps(runner, B, context, iters, profile_dir) if profile_dir else None
     b = step_read_bytes(cfg, w, dcfg, dw, k)
     mean_context = context + iters * (k + 1) / 2
     return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": pipelined,
-            "step_blocking_s": blocking, "weight_bytes": b["target_weights"] + k * b["draft_weights_per_pass"],
+            "step_blocking_s": blocking, "dispatch_s": dispatch,
+            "weight_bytes": b["target_weights"] + k * b["draft_weights_per_pass"],
             "kv_bytes": int(B * mean_context * (b["kv_per_token_target"] + k * b["kv_per_token_draft"])),
             "kernels_per_step": kernels}
 
@@ -103,7 +104,8 @@ def main() -> None:
         r["floor_s"] = (r["weight_bytes"] + r["kv_bytes"]) / (bw["tb_s"] * 1e12)
         r["over_floor"] = r["step_s"] / r["floor_s"]
         rows.append(r)
-        print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f})"
+        print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f}, "
+              f"dispatch {r['dispatch_s'] * 1e3:6.3f})"
               f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,

@@ -105,9 +105,12 @@ def step_read_bytes(tcfg, tw, dcfg, dw, k: int) -> dict:
     return b
 
 
-def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, float]:
+def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, float, float]:
     """Seconds per decode step at batch B with every slot at `context` tokens (slot i owns pages i*P .. i*P+P-1):
-    steps dispatched back to back, as the async engine keeps the device busy, and steps read one at a time."""
+    steps dispatched back to back, as the async engine keeps the device busy; steps read one at a time; and the
+    host's time to dispatch one step onto an idle device (building its arrays and launching its kernels), which
+    the engine must spend per step besides its own scheduling: a step whose device time is below it is host-bound
+    however the host is scheduled."""
     from jaxspec.engine.step import SlotState
 
     cfg = runner.cfg
@@ -131,7 +134,11 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, f
         out = runner.decode(slots, tables)
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
+    n, dispatch = min(iters, 10), 0.0
     t0 = time.perf_counter()
-    for _ in range(min(iters, 10)):
-        np.asarray(runner.decode(slots, tables))
-    return pipelined, (time.perf_counter() - t0) / min(iters, 10)
+    for _ in range(n):
+        t1 = time.perf_counter()
+        out = runner.decode(slots, tables)
+        dispatch += time.perf_counter() - t1
+        np.asarray(out)
+    return pipelined, (time.perf_counter() - t0) / n, dispatch / n

@@ -179,7 +179,11 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
     _, nvml = sampled_utilization(lambda: [llm.generate(prompts, params, use_tqdm=False) for _ in range(repeats)],
                                   getattr(jax.devices()[0], "local_hardware_id", 0) or 0)
     m = metrics_delta(before, llm.get_metrics())
-    nvml |= {"nvml_repeats": repeats, "nvml_wall_per_step_ms": 1e3 * m["wall_s"] / max(m["num_steps"], 1)}
+    steps = max(m["num_steps"], 1)
+    nvml |= {"nvml_repeats": repeats, "nvml_wall_per_step_ms": 1e3 * m["wall_s"] / steps,
+             "nvml_host_work_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / steps}
+    if nvml.get("nvml_span_s"):  # the engine loop's share of the calls' wall time (the rest: generate's own work)
+        nvml["nvml_engine_fraction"] = m["wall_s"] / nvml["nvml_span_s"]
     before = llm.get_metrics()
     with jax.profiler.trace(str(log_dir), profiler_options=_quiet_options()):
         with jax.profiler.TraceAnnotation(ANNOTATION):
@@ -192,4 +196,9 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
            "wall_per_step_ms": 1e3 * m["wall_s"] / max(m["num_steps"], 1),
            "host_wait_per_step_ms": 1e3 * m["host_wait_s"] / max(m["num_steps"], 1),
            "host_busy_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / max(m["num_steps"], 1)}
-    return out | nvml | device_busy(load_trace(path))
+    busy = device_busy(load_trace(path))
+    if busy.get("busy_ms") and nvml.get("nvml_span_s"):
+        # a second estimate of the untraced busy fraction: the traced kernels' time (the profiler slows the host,
+        # hardly the kernels) over one untraced call's wall time
+        busy["traced_kernels_over_untraced_wall"] = busy["busy_ms"] / (1e3 * nvml["nvml_span_s"] / repeats)
+    return out | nvml | busy

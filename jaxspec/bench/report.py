@@ -88,10 +88,12 @@ def profile_table(result: dict) -> str:
         nvml = pct(p.get("nvml_busy_fraction"))
         nvml = f"{nvml} ({p['nvml_samples']} samples)" if nvml else p.get("nvml_error", "n/a")
         rows.append([p.get("mode"), "async" if p.get("async") else "sync", p.get("num_prompts"), nvml,
+                     pct(p.get("traced_kernels_over_untraced_wall")), pct(p.get("nvml_engine_fraction")),
                      pct(p.get("busy_fraction")), pct(p.get("compute_busy_fraction")), q.get("wall_per_step_ms"),
                      q.get("host_busy_per_step_ms"), q.get("host_wait_per_step_ms"), src,
                      p.get("error") or p.get("method")])
-    return markdown_table(["mode", "scheduling", "num_prompts", "busy, untraced (NVML)", "busy, traced",
+    return markdown_table(["mode", "scheduling", "num_prompts", "busy, untraced (NVML)",
+                           "traced kernel time / untraced wall", "engine loop share of wall", "busy, traced",
                            "compute busy, traced", "wall ms/step",
                            "host work ms/step", "host wait ms/step", "per-step source", "method / error"], rows)
 
