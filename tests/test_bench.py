@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,16 @@ def sweep(tmp_path_factory):
     return tmp, argv
 
 
-def test_sweep_point(sweep, capsys):
+def test_sweep_point(sweep, capsys, monkeypatch):
     tmp, argv = sweep
+    real = profile.sampled_utilization
+
+    def with_span(fn, local_id=0):  # no NVML here: stand in the span it would have measured
+        t0 = time.perf_counter()
+        result, out = real(fn, local_id)
+        return result, out | {"nvml_span_s": time.perf_counter() - t0}
+
+    monkeypatch.setattr(profile, "sampled_utilization", with_span)
     result = main(argv)
     out = capsys.readouterr().out
     lines = THROUGHPUT.findall(out)
@@ -65,6 +74,9 @@ def test_sweep_point(sweep, capsys):
     assert len(saved["profile"]) == 4
     assert all(0 < p["busy_fraction"] <= 1 and p["num_steps"] > 0 for p in saved["profile"])
     assert all(p["nvml_repeats"] == 2 and "nvml_error" in p for p in saved["profile"])  # no NVML GPU here
+    for p in saved["profile"]:
+        assert 0 < p["nvml_engine_fraction"] <= 1 and 0 < p["nvml_host_work_per_step_ms"] <= p["nvml_wall_per_step_ms"]
+        assert p["traced_kernels_over_untraced_wall"] > 0
     assert list((tmp / "results").glob("*.json"))
     md = (tmp / "RESULTS.md").read_text()
     assert result["label"] in md and "| num_prompts | mode |" in md
@@ -169,7 +181,6 @@ def test_device_busy_from_trace():
 def test_nvml_busy_keeps_samples_whose_period_lies_inside_the_call(monkeypatch):
     """A utilization sample covers the period before its time stamp: one that began before the call (idle, for all
     we know) or stamped after it is left out; the others are averaged."""
-    import time
     import types
 
     class Sample:
