@@ -38,12 +38,12 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None)
     ec.num_pages = int(B * ec.pages_per_seq * pool_scale)
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
-    pipelined, blocking, dispatch = decode_step_time(runner, B, context, iters)
+    timing = decode_step_time(runner, B, context, iters)
     kernels = profile_steps(runner, B, context, iters, profile_dir) if profile_dir else None
     b = step_read_bytes(cfg, w, dcfg, dw, k)
     mean_context = context + iters * (k + 1) / 2
-    return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": pipelined,
-            "step_blocking_s": blocking, "dispatch_s": dispatch,
+    return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": timing.pipelined_s,
+            "step_blocking_s": timing.blocking_s, "dispatch_s": timing.dispatch_s,
             "weight_bytes": b["target_weights"] + k * b["draft_weights_per_pass"],
             "kv_bytes": int(B * mean_context * (b["kv_per_token_target"] + k * b["kv_per_token_draft"])),
             "kernels_per_step": kernels}
@@ -54,8 +54,7 @@ def profile_steps(runner, B: int, context: int, iters: int, log_dir: str, top: i
     from jaxspec.bench.profile import find_trace, kernel_totals, load_trace
 
     with jax.profiler.trace(log_dir):
-        decode_step_time(runner, B, context, iters)
-    steps = iters + 3 + min(iters, 10)  # decode_step_time's warm-up, pipelined and blocking steps
+        steps = decode_step_time(runner, B, context, iters).num_steps
     totals = kernel_totals(load_trace(find_trace(log_dir)))
     rows = [r | {"count": r["count"] / steps, "ms": r["ms"] / steps} for r in totals]
     print(f"B={B}: device ms per step {sum(r['ms'] for r in rows):.3f}, by kernel:")

@@ -31,7 +31,7 @@ from jaxspec.bench.engine import decode_step_time  # noqa: E402
 
 def step_time(llm: LLM, B: int, context: int, iters: int) -> float:
     """Seconds per decode step at batch B, every slot at `context` tokens, steps dispatched back to back."""
-    return decode_step_time(llm.engine.runner, B, context, iters)[0]
+    return decode_step_time(llm.engine.runner, B, context, iters).pipelined_s
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -105,7 +106,14 @@ def step_read_bytes(tcfg, tw, dcfg, dw, k: int) -> dict:
     return b
 
 
-def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, float, float]:
+class DecodeTiming(NamedTuple):
+    pipelined_s: float  # per step, steps dispatched back to back
+    blocking_s: float  # per step, each read before the next is dispatched
+    dispatch_s: float  # host time to dispatch one step onto an idle device
+    num_steps: int  # steps run in all (warm-up included): what a trace of the call holds
+
+
+def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
     """Seconds per decode step at batch B with every slot at `context` tokens (slot i owns pages i*P .. i*P+P-1):
     steps dispatched back to back, as the async engine keeps the device busy; steps read one at a time; and the
     host's time to dispatch one step onto an idle device (building its arrays and launching its kernels), which
@@ -126,7 +134,8 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, f
     slots = list(range(B))
     tables = np.full((runner.num_slots + 1, pages), -1, np.int32)
     tables[:B] = np.arange(B * pages, dtype=np.int32).reshape(B, pages)
-    for _ in range(3):
+    warmup, blocking = 3, min(iters, 10)
+    for _ in range(warmup):
         out = runner.decode(slots, tables)
     np.asarray(out)
     t0 = time.perf_counter()
@@ -134,11 +143,12 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> tuple[float, f
         out = runner.decode(slots, tables)
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
-    n, dispatch = min(iters, 10), 0.0
+    dispatch = 0.0
     t0 = time.perf_counter()
-    for _ in range(n):
+    for _ in range(blocking):
         t1 = time.perf_counter()
         out = runner.decode(slots, tables)
         dispatch += time.perf_counter() - t1
         np.asarray(out)
-    return pipelined, (time.perf_counter() - t0) / n, dispatch / n
+    return DecodeTiming(pipelined, (time.perf_counter() - t0) / blocking, dispatch / blocking,
+                        warmup + iters + blocking)
