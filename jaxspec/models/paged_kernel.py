@@ -55,7 +55,7 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, row_len_ref, o_ref, l_ref, m_ref, *
         rows = tables_ref[i * pages_per_block + r // S] * S + r % S
         k, v = k_ref[rows], v_ref[rows]  # [block_k, D] each
         s = plgpu.dot(q, k.T)  # [R, block_k], fp32
-        key_pos = (first_page + i * pages_per_block) * S + jnp.arange(block_k)
+        key_pos = (first_page + i * pages_per_block) * S + r
         s = jnp.where(key_pos[None, :] < row_len[:, None], s, MASK)
         m_new = jnp.maximum(m, s.max(axis=-1))
         correction = jnp.exp(m - m_new)
