@@ -90,6 +90,7 @@ class LLM:
                max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
                draft_tensor_parallel_size: int | None = None) -> None:
+        loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         spec = SpeculativeConfig.parse(speculative_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
         tp, draft_tp = tensor_parallel_size, draft_tensor_parallel_size or tensor_parallel_size
@@ -282,7 +283,7 @@ class LLM:
         """Queue a call's requests and own the engine while it runs them; whatever way the call ends early (an
         exception, an interrupt, a closed generator), its requests are aborted and their pages freed before it
         returns."""
-        if self._owner == threading.get_ident():
+        if self._lock.locked() and self._owner == threading.get_ident():
             raise RuntimeError("generate / generate_stream / chat called again from the thread that is inside one "
                                "(e.g. from a generate_stream loop): finish or close the first call")
         with self._lock:
