@@ -23,7 +23,10 @@ CONFIG_FILE = "jaxspec_config.json"
 
 
 def config_to_json(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """The Config fields but `kernel` (launch parameters are a run's setting, not the model's)."""
+    d = dataclasses.asdict(cfg)
+    del d["kernel"]
+    return d
 
 
 def config_from_json(d: dict, source: Path) -> Config:
