@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec import LLM, SamplingParams, presets  # noqa: E402
+from jaxspec.resolve import resolve_model  # noqa: E402
 
 
 def tiny_model_dir(hf: Path) -> Path:
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
-    hf = presets.fetch_preset().parent / "hf"
+    hf = resolve_model(presets.DEFAULT_PRESET).hf_dir
     spec = {"method": "eagle", "model": "-", "num_speculative_tokens": args.k} if args.k else None
     llm = LLM(str(tiny_model_dir(hf)), load_format="dummy", dtype="float32", speculative_config=spec,
               synthetic_acceptance=0.7 if args.k else None, max_num_seqs=args.batch, max_model_len=512,

@@ -22,12 +22,8 @@ def head_config(args: argparse.Namespace) -> dict | None:
         return None
     if args.speculative_config:
         return json.loads(args.speculative_config)
-    from jaxspec import presets
-    if args.model in presets.list_presets():
-        head = presets.load_preset(args.model).eagle
-        if head:
-            return {**head, "model": str(presets.ROOT / head["model"])}
-    return None
+    from jaxspec.resolve import resolve_model
+    return resolve_model(args.model).head
 
 
 def run(args: argparse.Namespace) -> None:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxspec import parallel
+from jaxspec import parallel, resolve
 from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.llm_engine import LLMEngine
@@ -60,18 +60,17 @@ def _default_layer_loop() -> str:
 
 def load_tokenizer(path: str | Path) -> Any | None:
     """The model directory's tokenizer (transformers), or None when it ships none (token-id-only use)."""
-    path = Path(path)
-    for d in (path, path / "hf", path.parent / "hf"):
-        if (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists():
-            from transformers import AutoTokenizer
-            return AutoTokenizer.from_pretrained(str(d))
+    d = resolve.find_beside(Path(path), *resolve.TOKENIZER_FILES)
+    if d is not None:
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(str(d))
     return None
 
 
 def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
     import json
     ids: set[int] = set()
-    for d in (path, path / "hf", path.parent / "hf"):
+    for d in resolve.beside(path):
         gen = d / "generation_config.json"
         if gen.exists():
             eos = json.loads(gen.read_text()).get("eos_token_id")
@@ -163,13 +162,7 @@ class LLM:
 
     @staticmethod
     def _resolve(model: str) -> Path:
-        path = Path(model)
-        if path.exists():
-            return path
-        from jaxspec import presets
-        if model in presets.list_presets():
-            return presets.fetch_preset(model)
-        raise ValueError(f"model {model!r} is neither a directory nor a known preset ({presets.list_presets()})")
+        return resolve.resolve_model(model).weights
 
     @staticmethod
     def _dummy_config(path: Path, dtype: str) -> llama.Config:

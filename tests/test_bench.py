@@ -4,6 +4,7 @@ plumbing, the printed line and the JSON fields are."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -223,3 +224,33 @@ def test_dataset_prompts(tmp_path):
     assert data.random_prompts(3, 5, 100, 0) == data.random_prompts(3, 5, 100, 0)
     with pytest.raises(ValueError, match="tokenizer"):
         data.dataset_prompts(path, 1, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset-name", "sharegpt"], "--dataset-name: invalid choice: 'sharegpt'"),
+    (["--dataset-name", "custom"], "--dataset-name custom needs --dataset-path"),
+    (["--dataset-name", "random", "--dataset-path", "x.jsonl"], "random makes its own prompts: drop --dataset-path"),
+])
+def test_dataset_name_errors_name_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "no-model-needed", *argv])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_dataset_path_is_vllms_name_for_dataset(tmp_path):
+    """--dataset-path FILE (vLLM) and --dataset FILE (ours) read the same JSONL, as --dataset-name custom."""
+    from jaxspec.bench.throughput import add_arguments, check_dataset, make_prompts, model_source
+    from tests.tiny import write_model_dir
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"question": "abc"}) + "\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    model = str(write_model_dir(tmp_path / "m"))  # its character tokenizer: "abc" is [0, 1, 2]
+    prompts = []
+    for flags in (["--dataset-path", str(path)], ["--dataset", str(path)], ["--dataset-name", "custom",
+                                                                              "--dataset-path", str(path)]):
+        args = parser.parse_args(["--model", model, *flags])
+        assert check_dataset(args) == "custom"
+        prompts.append(make_prompts(args, model_source(args), 2)[0])
+    assert prompts[0] == prompts[1] == prompts[2] == [[0, 1, 2]] * 2

@@ -199,8 +199,11 @@ def test_load_model_detects_format(tmp_path):
     save_checkpoint(tmp_path / "ckpt", cfg, w)
     cfg2, w2 = load_model(tmp_path / "ckpt", dtype="bfloat16")
     assert cfg2.dtype == "bfloat16" and w2.embed.dtype == jnp.bfloat16
-    with pytest.raises(ValueError, match="neither a jaxspec checkpoint"):
-        load_model(tmp_path)
+    cfg3, _ = load_model(tmp_path)  # holding ckpt/ and hf/, as a preset's weights directory does: the checkpoint
+    assert cfg3 == cfg
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: neither a jaxspec checkpoint"):
+        load_model(tmp_path / "empty")
 
 
 # ---- bad input: every error names the file and the tensor or field --------------------------------------------

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 from jaxspec.convert.checkpoint import load_model
 from jaxspec.models import llama
 from jaxspec.models.attention import AttnBatch, init_cache
-from jaxspec.presets import CACHE_DIR, FetchError, fetch_gguf, fetch_preset, load_preset
+from jaxspec.presets import FetchError, fetch_gguf, fetch_preset, load_preset, shipped_head
 from tests.numerics import FP32_EPS, assert_close_scaled
 
 PRESET = "smollm2-135m-instruct"
@@ -34,7 +34,8 @@ PAGE_SIZE = 16
 
 
 def gguf_file() -> Path:
-    return CACHE_DIR / PRESET / Path(load_preset(PRESET).source["file"]).name
+    preset = load_preset(PRESET)
+    return preset.cache_dir / PRESET / Path(preset.source["file"]).name
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_sha256_mismatch_is_an_error(root):
                                              r"\.gguf has sha256 b179c952.*expects 0000"):
             fetch_gguf(bad)
     finally:
-        shutil.rmtree(CACHE_DIR / bad.name, ignore_errors=True)
+        shutil.rmtree(preset.cache_dir / bad.name, ignore_errors=True)
 
 
 def test_logits_match_transformers_gguf_loader(root, hf_model, jaxspec_model):
@@ -167,9 +168,7 @@ def test_shipped_head_speculates_losslessly(root, held_out_reference, method):
     """Each shipped head with the real target (fp32, CPU): greedy output equals the plain loop token for token,
     and drafts are mostly accepted (2.8 on 200 such questions on the GPU; here two, so a looser bound)."""
     from jaxspec import LLM, SamplingParams
-    from jaxspec.presets import ROOT
-
-    spec = {"method": method, "model": str(ROOT / "weights" / f"{method}-smollm2-135m-instruct"),
+    spec = {"method": method, "model": str(shipped_head(f"{method}-smollm2-135m-instruct")),
             "num_speculative_tokens": 3}
     llm = LLM(str(root / "ckpt"), speculative_config=spec, dtype="float32", layer_loop="scan", max_model_len=256,
               max_num_seqs=2, max_num_batched_tokens=256, decode_buckets=[2], prefill_buckets=[256],

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 AGREE_TOKENS = 8  # the HF peer must agree on this many first tokens of each output
+DATASET_NAMES = ("random", "custom")  # vllm bench throughput's --dataset-name values that we have
 
 
 def _ints(s: str) -> list[int]:
@@ -62,8 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--synthetic-acceptance", type=float, metavar="P",
                    help="each draft position accepts with probability P (dummy-weight runs: outputs meaningless)")
     w = p.add_argument_group("workload")
-    w.add_argument("--dataset", help="JSONL with question, prompt, turns or messages (chat-formatted); "
-                                     "default: random token ids of --input-len")
+    w.add_argument("--dataset-name", choices=DATASET_NAMES,
+                   help="as vllm bench throughput (whose sharegpt, sonnet, hf... are not here): random (token ids of --input-len) or custom (the JSONL of "
+                        "--dataset-path); default custom with a --dataset-path, else random")
+    w.add_argument("--dataset-path", "--dataset", dest="dataset",
+                   help="JSONL with question, prompt, turns or messages rows (chat-formatted)")
     w.add_argument("--input-len", type=int, default=128)
     w.add_argument("--max-tokens", "--output-len", dest="max_tokens", type=int, default=256)
     w.add_argument("--num-prompts", type=int, default=48)
@@ -130,27 +134,23 @@ class ModelSource:
     tokenizer_dir: str | None
 
 
-def resolve_model(args) -> ModelSource:
+def model_source(args) -> ModelSource:
     if args.hf_config:
         if args.load_format != "dummy":
             raise ValueError("--hf-config gives shapes only: use it with --load-format dummy")
         label, hf = data.load_hf_config(args.hf_config)
         return ModelSource(label, None, None, hf, args.tokenizer)
-    path = Path(args.model)
-    if not path.exists():
-        from jaxspec import presets
-        path = presets.fetch_preset(args.model)
-    from jaxspec.convert.checkpoint import CONFIG_FILE
-    ckpt = path / "ckpt" if (path / "ckpt" / CONFIG_FILE).exists() else path
-    hf_dir = next((d for d in (path, path / "hf", path.parent / "hf") if (d / "config.json").exists()), None)
-    if hf_dir is not None:
-        hf = json.loads((hf_dir / "config.json").read_text())
+    from jaxspec.convert.checkpoint import CONFIG_FILE, config_from_json
+    from jaxspec.resolve import resolve_model
+
+    files = resolve_model(args.model)
+    if files.hf_dir is not None:
+        hf = json.loads((files.hf_dir / "config.json").read_text())
     else:
-        from jaxspec.convert.checkpoint import config_from_json
-        hf = config_from_json(json.loads((ckpt / CONFIG_FILE).read_text()), ckpt / CONFIG_FILE).to_hf()
-    has_tok = hf_dir is not None and any((hf_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
-    tok = args.tokenizer or (str(hf_dir) if has_tok else None)
-    return ModelSource(Path(args.model).name, ckpt, hf_dir, hf, tok)
+        config = files.weights / CONFIG_FILE
+        hf = config_from_json(json.loads(config.read_text()), config).to_hf()
+    tok = args.tokenizer or (str(files.tokenizer) if files.tokenizer else None)
+    return ModelSource(Path(args.model).name, files.weights, files.hf_dir, hf, tok)
 
 
 def parse_spec(args) -> dict | None:
@@ -171,6 +171,16 @@ def parse_spec(args) -> dict | None:
     elif spec.get("model") == "dummy":
         raise ValueError('speculative model "dummy" (a random head) needs --load-format dummy')
     return spec
+
+
+def check_dataset(args) -> str:
+    """vLLM's --dataset-name, of which we have random and custom (a JSONL file), agreeing with --dataset-path."""
+    name = args.dataset_name or ("custom" if args.dataset else "random")
+    if name == "custom" and not args.dataset:
+        raise ValueError("--dataset-name custom needs --dataset-path FILE.jsonl")
+    if name == "random" and args.dataset:
+        raise ValueError(f"--dataset-name random makes its own prompts: drop --dataset-path {args.dataset}")
+    return name
 
 
 def mode_label(spec: dict | None, synthetic: float | None) -> str:
@@ -337,9 +347,10 @@ def run(args) -> dict:
         result["label"] = args.label or result["label"]
         finish(args, result, [], render_only=True)
         return result
+    args.dataset_name = check_dataset(args)
     if args.ignore_eos is None:
         args.ignore_eos = not args.dataset
-    src = resolve_model(args)
+    src = model_source(args)
     spec = parse_spec(args)
     counts = sorted(set(args.sweep_prompts)) if args.sweep else [args.num_prompts]
     prompts, prompt_source = make_prompts(args, src, max(counts))
