@@ -32,14 +32,16 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
 def _fetch(args: argparse.Namespace) -> None:
     from jaxspec.presets import fetch_preset
 
-    print(fetch_preset(args.preset))
+    print(fetch_preset(args.preset, args.weights_dir))
 
 
 def add_fetch(sub: argparse._SubParsersAction) -> None:
     from jaxspec.presets import DEFAULT_PRESET
 
-    p = sub.add_parser("fetch", help="download and convert a preset model into weights/<preset>/")
+    p = sub.add_parser("fetch", help="download and convert a preset model into <weights>/<preset>/")
     p.add_argument("preset", nargs="?", default=DEFAULT_PRESET)
+    p.add_argument("--weights-dir", help="where converted weights go (default: $JAXSPEC_WEIGHTS_DIR, else weights/ "
+                                         "in a checkout, ~/.cache/jaxspec/weights from an installed wheel)")
     p.set_defaults(func=_fetch)
 
 
