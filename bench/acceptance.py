@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxspec import LLM, SamplingParams  # noqa: E402
+from jaxspec import LLM, SamplingParams, compile_cache  # noqa: E402
 from jaxspec.bench.data import dataset_prompts  # noqa: E402
 
 
@@ -33,12 +33,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layer-loop", default="auto", help="LLM layer_loop: auto (unroll on GPU), unroll, scan")
     ap.add_argument("--decode-buckets", help="comma-separated padded batch sizes to compile (default: powers of 2)")
     ap.add_argument("--output-json")
+    compile_cache.add_argument(ap)
     args = ap.parse_args(argv)
 
     spec = json.loads(args.speculative_config)
     buckets = [int(b) for b in args.decode_buckets.split(",")] if args.decode_buckets else None
     llm = LLM(args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              layer_loop=args.layer_loop, decode_buckets=buckets, warmup=False)
+              layer_loop=args.layer_loop, decode_buckets=buckets, warmup=False,
+              compilation_cache_dir=args.compilation_cache_dir)
     prompts = dataset_prompts(args.dataset, args.num_prompts, llm.tokenizer)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],

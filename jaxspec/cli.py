@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from jaxspec import compile_cache
+
 
 def _convert(args: argparse.Namespace) -> None:
     from jaxspec.convert.checkpoint import save_checkpoint
@@ -103,6 +105,7 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="wall-clock seconds for the training loop: the schedule shrinks to the steps that fit")
     p.add_argument("--seed", type=int, default=0)
+    compile_cache.add_argument(p)
     p.set_defaults(func=_train_eagle)
 
 

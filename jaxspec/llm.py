@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxspec import parallel, resolve
+from jaxspec import compile_cache, parallel, resolve
 from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.llm_engine import LLMEngine
@@ -104,7 +104,8 @@ class LLM:
                  load_format: str = "auto", weights: tuple | None = None, warmup: bool = True,
                  synthetic_acceptance: float | None = None, decode_buckets: list[int] | None = None,
                  prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
-                 draft_tensor_parallel_size: int | None = None):
+                 draft_tensor_parallel_size: int | None = None, compilation_cache_dir: str | None = None):
+        compile_cache.configure(compilation_cache_dir)  # None: ~/.cache/jaxspec/xla; "": off (compile_cache.py)
         spec = SpeculativeConfig.parse(speculative_config)
         tp, draft_tp = tensor_parallel_size, draft_tensor_parallel_size or tensor_parallel_size
         if draft_tp not in (1, tp):

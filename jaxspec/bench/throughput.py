@@ -33,6 +33,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxspec import compile_cache
 from jaxspec.bench import data, report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,8 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="each draft position accepts with probability P (dummy-weight runs: outputs meaningless)")
     w = p.add_argument_group("workload")
     w.add_argument("--dataset-name", choices=DATASET_NAMES,
-                   help="as vllm bench throughput (whose sharegpt, sonnet, hf... are not here): random (token ids of --input-len) or custom (the JSONL of "
-                        "--dataset-path); default custom with a --dataset-path, else random")
+                   help="as vllm bench throughput (whose sharegpt, sonnet, hf... are not here): random (token ids "
+                        "of --input-len) or custom (the JSONL of --dataset-path); default custom with a "
+                        "--dataset-path, else random")
     w.add_argument("--dataset-path", "--dataset", dest="dataset",
                    help="JSONL with question, prompt, turns or messages rows (chat-formatted)")
     w.add_argument("--input-len", type=int, default=128)
@@ -95,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--engine-warmup", action="store_true",
                    help="compile all three sampling modes (LLM(warmup=True)) instead of the one this run uses")
     e.add_argument("--no-warmup-compile", action="store_true", help=argparse.SUPPRESS)  # tests: compile on use
-    e.add_argument("--compilation-cache-dir", help="jax persistent compilation cache (reused by later runs)")
+    compile_cache.add_argument(e)
     s = p.add_argument_group("sweep and reports")
     s.add_argument("--sweep", action="store_true", help="prompt counts x async/sync x EAGLE/no speculation")
     s.add_argument("--sweep-prompts", type=_ints, default=[24, 48, 96])
@@ -417,10 +419,9 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
     import jax
 
     from jaxspec.bench import engine
-    if args.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", args.compilation_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     result = bench.result
+    cache = compile_cache.configure(args.compilation_cache_dir)  # before anything compiles
+    result["compilation_cache_dir"] = str(cache) if cache else None
     result["machine"] = machine_info()
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if jax.default_backend() == "gpu" else None)
     result["dtype"] = dtype or "the checkpoint's"
@@ -475,7 +476,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   max_num_batched_tokens=args.max_num_batched_tokens, async_scheduling=args.async_scheduling,
                   seed=args.seed, speculative_config=spec, load_format=args.load_format, weights=(cfg, weights),
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
-                  warmup=args.engine_warmup,
+                  warmup=args.engine_warmup, compilation_cache_dir=args.compilation_cache_dir,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop,
                   tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
