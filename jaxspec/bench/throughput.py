@@ -113,8 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untraced generate calls, back to back, while NVML samples the GPU's busy fraction")
     s.add_argument("--measure-bandwidth", action="store_true", help="time a large device copy (TB/s)")
     s.add_argument("--bandwidth-bytes", type=int)
-    s.add_argument("--bandwidth-tbs", type=float, default=4.3,
-                   help="copy bandwidth assumed by the roofline when not measured (DESIGN.md's H200 figure)")
+    s.add_argument("--bandwidth-tbs", type=float, default=None,
+                   help="the GPU's copy bandwidth (TB/s) for the roofline when not measured (default: known by "
+                        "device kind, 4.3 for an H200; no roofline on a CPU or an unknown GPU)")
     s.add_argument("--output-json", help="also write the result JSON here")
     s.add_argument("--results-dir", default=str(RESULTS_DIR), help="where --sweep writes JSON and PNG")
     s.add_argument("--update-results-md", nargs="?", const=str(RESULTS_MD), metavar="PATH",
@@ -529,6 +530,8 @@ def finish(args, result: dict, json_paths: list[Path], plot_path: Path | None = 
     print("\n" + report.sweep_table(result))
     if result.get("roofline"):
         print("\n" + report.roofline_table(result))
+    elif report.roofline_bandwidth(result)[0] is None:
+        print("\n" + report.roofline_bandwidth(result)[1])  # one line: why there is none
     if result.get("profile"):
         print("\n" + report.profile_table(result))
     for key, ident in result.get("identical", {}).items():
