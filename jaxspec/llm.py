@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from tqdm.auto import tqdm
 
-from jaxspec import loader, parallel
+from jaxspec import compile_cache, loader, parallel
 from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.input_processor import InputProcessor
@@ -55,13 +55,16 @@ class LLM:
     already in memory."""
 
     def __init__(self, model: str, *, tokenizer: str | None = None, dtype: str = "auto", load_format: str = "auto",
-                 seed: int = 0, speculative_config: dict | None = None, **engine_args: Any):
+                 seed: int = 0, speculative_config: dict | None = None, compilation_cache_dir: str | None = None,
+                 **engine_args: Any):
         """Engine arguments (vLLM's names where vLLM has them): max_model_len, max_num_seqs=64,
         max_num_batched_tokens=2048, async_scheduling=True, page_size=16, num_pages=0 (size from memory),
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
         tensor_parallel_size=1, draft_tensor_parallel_size, kernel_config (KernelConfig; default: its defaults
-        with JAXSPEC_* environment overrides)."""
+        with JAXSPEC_* environment overrides). compilation_cache_dir: jax's persistent compilation cache (None:
+        ~/.cache/jaxspec/xla; "": off; see jaxspec/compile_cache.py)."""
+        compile_cache.configure(compilation_cache_dir)
         path, target_cfg, target_w = loader.load_target(model, load_format, dtype)
         self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
                     load_format=load_format, seed=seed, speculative_config=speculative_config, **engine_args)
@@ -70,13 +73,14 @@ class LLM:
     def from_weights(cls, config: llama.Config, weights: llama.Weights | None = None, *,
                      tokenizer: str | Path | None = None, load_format: str = "auto", seed: int = 0,
                      speculative_config: dict | None = None, synthetic_acceptance: float | None = None,
-                     **engine_args: Any) -> "LLM":
+                     compilation_cache_dir: str | None = None, **engine_args: Any) -> "LLM":
         """An LLM over in-memory weights (tests, benchmarks, other programs); `weights=None` draws random ones of
         the config's shape. `tokenizer`: a directory holding one (optional). load_format="dummy" also draws a
         random EAGLE head, and `synthetic_acceptance` (benchmarks only) then accepts each draft position with
         that probability instead of by the target."""
         if synthetic_acceptance is not None and (speculative_config is None or load_format != "dummy"):
             raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        compile_cache.configure(compilation_cache_dir)
         llm = cls.__new__(cls)
         llm._build(config, weights, tokenizer_dir=tokenizer, explicit_tokenizer=tokenizer is not None,
                    load_format=load_format, seed=seed, speculative_config=speculative_config,

@@ -34,17 +34,6 @@ def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-def resolve(model: str) -> Path:
-    """A directory as given, or a preset name (fetched and converted on first use)."""
-    path = Path(model)
-    if path.exists():
-        return path
-    from jaxspec import presets
-    if model in presets.list_presets():
-        return presets.fetch_preset(model)
-    raise ValueError(f"model {model!r} is neither a directory nor a known preset ({presets.list_presets()})")
-
-
 def load_target(model: str, load_format: str, dtype: str) -> tuple[Path, llama.Config, llama.Weights | None]:
     """(path, config, weights) of the target; weights None for load_format="dummy" (random ones are drawn once
     the config is final)."""
@@ -53,8 +42,9 @@ def load_target(model: str, load_format: str, dtype: str) -> tuple[Path, llama.C
     if load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
         return Path(model), dummy_config(Path(model), dtype), None
     from jaxspec.convert.checkpoint import load_model
+    from jaxspec.resolve import resolve_model
 
-    path = resolve(model)
+    path = resolve_model(model).weights
     return path, *load_model(path, default_dtype() if dtype == "auto" else dtype)
 
 

@@ -63,7 +63,7 @@ class ModelRunner:
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
                              synthetic_acceptance=synthetic_acceptance, shardings=shardings)
         # the step's static spec for each sampling mode (all_greedy, filtered), built once
-        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f)
+        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f).canonical()
                        for g in (True, False) for f in (True, False)}
         self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
         self.caches = self._new_caches()

@@ -16,6 +16,7 @@ Host plan layouts (few, large arrays: each jit argument leaf costs host time per
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from functools import partial
@@ -31,9 +32,13 @@ from jaxspec.parallel import StepShardings
 
 
 @jax.tree_util.register_static
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StepSpec:
-    """Everything static about a step: model shapes, k, limits and the batch's sampling mode."""
+    """Everything static about a step: model shapes, k, limits and the batch's sampling mode.
+
+    Compared by identity (`canonical` makes equal specs one object): jit compares static arguments on every call,
+    and identity is decided in C, where a signal cannot land. A Python __eq__ interrupted there (Ctrl-C during a
+    dispatch) comes out of jit as a ValueError that has lost the interrupt."""
     target: llama.Config
     draft: eagle.EagleConfig | None
     num_speculative_tokens: int
@@ -47,9 +52,16 @@ class StepSpec:
     # Tensor parallelism: the shardings the donated outputs are pinned to (None: one device).
     shardings: StepShardings | None = None
 
+    def canonical(self) -> "StepSpec":
+        """The one StepSpec object with these fields."""
+        return _CANONICAL.setdefault(tuple(getattr(self, f.name) for f in dataclasses.fields(self)), self)
+
     @property
     def aux_layers(self) -> tuple[int, ...]:
         return self.draft.aux_layers if self.draft is not None and self.draft.method == "eagle3" else ()
+
+
+_CANONICAL: dict[tuple, StepSpec] = {}
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["target", "draft"], meta_fields=[])
