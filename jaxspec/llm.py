@@ -7,7 +7,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
 from jaxspec.models import eagle, llama
 from jaxspec.sampling_params import SamplingParams
+from jaxspec.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("jaxspec")
 
@@ -56,30 +56,6 @@ def _default_dtype() -> str | None:
 
 def _default_layer_loop() -> str:
     return "unroll" if jax.default_backend() == "gpu" else "scan"
-
-
-def load_tokenizer(path: str | Path) -> Any | None:
-    """The model directory's tokenizer (transformers), or None when it ships none (token-id-only use)."""
-    path = Path(path)
-    for d in (path, path / "hf", path.parent / "hf"):
-        if (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists():
-            from transformers import AutoTokenizer
-            return AutoTokenizer.from_pretrained(str(d))
-    return None
-
-
-def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
-    import json
-    ids: set[int] = set()
-    for d in (path, path / "hf", path.parent / "hf"):
-        gen = d / "generation_config.json"
-        if gen.exists():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-            break
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 def _place_weights(target_w, draft_w, mesh, tp: int, draft_tp: int) -> tuple:
@@ -122,7 +98,7 @@ class LLM:
             target_w = llama.init(target_cfg, jax.random.key(seed))
         target_cfg, target_w = parallel.prepare(target_cfg, target_w, tp)
         self.model_config = target_cfg
-        self.tokenizer = load_tokenizer(tokenizer or path)
+        self.tokenizer = load_tokenizer(tokenizer, required=True) if tokenizer else load_tokenizer(path)
         draft_cfg = draft_w = None
         if spec is not None:
             draft_cfg, draft_w = self._load_draft(spec, target_cfg, load_format, seed)

@@ -8,6 +8,7 @@ renamed to HF names; llama.cpp's row permutation of q_proj and k_proj is undone.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from gguf.quants import dequantize
 
 from jaxspec.convert.hf_llama import layer_slots, save_hf_llama, weights_from_hf
 from jaxspec.convert.tensors import Tensor
+from jaxspec.json_config import show
 from jaxspec.models import llama
 from jaxspec.models.llama import Config
 
@@ -44,13 +46,38 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _field(reader: GGUFReader, path: Path, key: str, default: Any = _REQUIRED) -> Any:
+# What a metadata value must be, as `ReaderField.contents()` returns it, and how to say so.
+_KINDS = {
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+    str: ("a string", lambda v: isinstance(v, str)),
+    list: ("an array", lambda v: isinstance(v, list)),
+}
+
+
+def _field(reader: GGUFReader, path: Path, key: str, kind: type, default: Any = _REQUIRED) -> Any:
+    """A metadata value of the given kind; a ValueError names the file and the key."""
     f = reader.fields.get(key)
     if f is None:
         if default is _REQUIRED:
             raise ValueError(f"{path}: metadata field {key!r} is missing")
         return default
-    return f.contents()
+    try:
+        value = f.contents()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: metadata field {key!r} is not UTF-8 text") from None
+    what, ok = _KINDS[kind]
+    if not ok(value):
+        raise ValueError(f"{path}: metadata field {key!r} must be {what}, got {show(value)}")
+    return value
+
+
+def _size(reader: GGUFReader, path: Path, key: str, default: Any = _REQUIRED) -> int:
+    """A positive integer metadata value (a count or a width)."""
+    value = _field(reader, path, key, int, default)
+    if value < 1:
+        raise ValueError(f"{path}: metadata field {key!r} must be >= 1, got {value}")
+    return value
 
 
 def _f32(x: float) -> float:
@@ -63,7 +90,7 @@ def _open(path: Path) -> GGUFReader:
         reader = GGUFReader(path)
     except (ValueError, OSError, IndexError) as e:
         raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
-    arch = _field(reader, path, "general.architecture")
+    arch = _field(reader, path, "general.architecture", str)
     if arch != "llama":
         raise ValueError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
     return reader
@@ -71,30 +98,32 @@ def _open(path: Path) -> GGUFReader:
 
 def hf_config(reader: GGUFReader, path: Path) -> dict:
     """The HF `config.json` dict the `llama.*` metadata describes (rope scaling is added from the tensors)."""
-    def get(key: str, default: Any = _REQUIRED) -> Any:
-        return _field(reader, path, f"llama.{key}", default)
-
-    if get("expert_count", 0):
+    if _field(reader, path, "llama.expert_count", int, 0):
         raise ValueError(f"{path}: llama.expert_count is set; mixture-of-experts models are not supported")
-    scaling = get("rope.scaling.type", "none")
+    scaling = _field(reader, path, "llama.rope.scaling.type", str, "none")
     if scaling != "none":
         raise ValueError(f"{path}: llama.rope.scaling.type {scaling!r} is not supported")
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    for key in ("attention.value_length", "rope.dimension_count"):
-        if int(get(key, head_dim)) != head_dim:
-            raise ValueError(f"{path}: llama.{key} = {get(key)} differs from the head size {head_dim}")
+    hidden, heads = _size(reader, path, "llama.embedding_length"), _size(reader, path, "llama.attention.head_count")
+    head_dim = _size(reader, path, "llama.attention.key_length", hidden // heads or 1)
+    for key in ("llama.attention.value_length", "llama.rope.dimension_count"):
+        if _size(reader, path, key, head_dim) != head_dim:
+            raise ValueError(f"{path}: {key} = {_size(reader, path, key)} differs from the head size {head_dim}")
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
+    if len(embed.shape) != 2:
+        raise ValueError(f"{path}: tensor 'token_embd.weight' has {len(embed.shape)} dimensions, expected 2")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": int(embed.shape[1]), "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": head_dim, "rms_norm_eps": _f32(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(get("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(get("context_length", 2048)),
+        "intermediate_size": _size(reader, path, "llama.feed_forward_length"),
+        "num_hidden_layers": _size(reader, path, "llama.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _size(reader, path, "llama.attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": _f32(_field(reader, path, "llama.attention.layer_norm_rms_epsilon", float)),
+        "rope_theta": _f32(_field(reader, path, "llama.rope.freq_base", float, 10000.0)),
+        "max_position_embeddings": _size(reader, path, "llama.context_length", 2048),
         "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
     }
 
@@ -146,9 +175,9 @@ def token_ids(reader: GGUFReader, path: Path) -> dict:
     ids = {}
     for hf_key, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                         ("pad_token_id", "padding_token_id")):
-        value = _field(reader, path, f"tokenizer.ggml.{key}", None)
+        value = _field(reader, path, f"tokenizer.ggml.{key}", int, None)
         if value is not None:
-            ids[hf_key] = int(value)
+            ids[hf_key] = value
     return ids
 
 
@@ -169,7 +198,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if rope_freqs is not None:
         hf["rope_scaling"] = llama3_rope_scaling(cfg, dequantize(rope_freqs.data, rope_freqs.tensor_type), path)
         cfg = Config.from_hf(hf, dtype=dtype, source=str(path))
-    _field(reader, path, "tokenizer.ggml.model")  # fail before writing anything if the tokenizer is absent
+    _field(reader, path, "tokenizer.ggml.model", str)  # fail before writing anything if the tokenizer is absent
     weights = weights_from_hf(cfg, read_tensors(reader, cfg, path), path)
     ids = token_ids(reader, path)
     save_hf_llama(cfg, weights, out_dir, extra_config=ids)

@@ -16,6 +16,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from jaxspec.convert.tensors import Tensor, read_checkpoint
+from jaxspec.json_config import read_json
 from jaxspec.models import llama
 from jaxspec.models.llama import Config, Layers, Weights
 
@@ -52,15 +53,10 @@ def global_slots(cfg: Config) -> dict[str, tuple[str, bool, tuple[int, ...]]]:
 def read_config(model_dir: Path, dtype: str) -> Config:
     path = model_dir / "config.json"
     try:
-        hf = json.loads(path.read_text())
+        hf = read_json(path)
     except FileNotFoundError:
         raise ValueError(f"{path}: missing (not a Hugging Face model directory)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    try:
-        return Config.from_hf(hf, dtype=dtype, source=str(path))
-    except KeyError as e:
-        raise ValueError(f"{path}: required field {e.args[0]!r} is missing") from None
+    return Config.from_hf(hf, dtype=dtype, source=str(path))
 
 
 def _check_shape(t: Tensor, name: str, shape: tuple[int, ...]) -> None:

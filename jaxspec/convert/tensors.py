@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.convert.torch_bin import load_torch_bin
+from jaxspec.json_config import read_dict, read_json, show
 
 SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
@@ -69,11 +70,12 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     """The weight files of an HF directory, in order of preference: safetensors (single or sharded), then .bin."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: not a safetensors index ({e!r})") from None
-        shards = sorted(set(weight_map.values()))
+        weight_map = read_dict(read_json(index), "weight_map", index)
+        shards = sorted(set(weight_map.values()), key=str)
+        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s or s in ("", ".", "..")]
+        if not weight_map or bad:
+            raise ValueError(f"{index}: 'weight_map' must map tensor names to shard file names in this directory, "
+                             f"got {show(bad or weight_map)}")
         missing = [s for s in shards if not (model_dir / s).exists()]
         if missing:
             raise ValueError(f"{index}: shards {missing} are missing")

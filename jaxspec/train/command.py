@@ -32,7 +32,8 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
         print(f"loaded {len(data)} sequences from {cache}")
         return data
     from jaxspec.config import buckets_up_to
-    from jaxspec.llm import LLM, eos_token_ids
+    from jaxspec.llm import LLM
+    from jaxspec.tokenizer import eos_token_ids
 
     if not args.data:
         raise ValueError("--data is required to generate a dataset (no --dataset-cache file to load)")

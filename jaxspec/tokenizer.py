@@ -1,0 +1,69 @@
+"""A model's tokenizer and EOS ids, found next to its weights; errors name the file.
+
+A converted checkpoint keeps its tokenizer in a sibling `hf/` directory (presets: `weights/<name>/{ckpt,hf}`), so
+both the directory itself, its `hf/` and its parent's `hf/` are searched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaxspec.json_config import read_int, read_json, read_list
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+_JSON_FILES = (*TOKENIZER_FILES, "special_tokens_map.json")
+
+
+def _candidates(path: Path) -> tuple[Path, ...]:
+    return path, path / "hf", path.parent / "hf"
+
+
+def _tokenizer_dir(path: Path) -> Path | None:
+    return next((d for d in _candidates(path) if any((d / f).exists() for f in TOKENIZER_FILES)), None)
+
+
+def load_tokenizer(path: str | Path, required: bool = False) -> Any | None:
+    """The tokenizer (transformers) of a model directory, or None when it ships none (token-id-only use).
+
+    `required`: the path was given explicitly (`LLM(tokenizer=...)`), so it must exist and hold a tokenizer."""
+    path = Path(path)
+    if required and not path.exists():
+        raise ValueError(f"{path}: tokenizer path does not exist")
+    d = _tokenizer_dir(path)
+    if d is None:
+        if required:
+            raise ValueError(f"{path}: no tokenizer here ({' or '.join(TOKENIZER_FILES)})")
+        return None
+    for name in _JSON_FILES:  # bad JSON is named by its file, not by transformers' parser
+        if (d / name).exists():
+            read_json(d / name)
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(d))
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        raise ValueError(f"{d}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        if type(e) is not Exception:  # only the bare Exception of the tokenizers (Rust) parser is the file's fault
+            raise
+        raise ValueError(f"{d / 'tokenizer.json'}: not a valid tokenizer file ({e})") from None
+
+
+def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
+    """EOS ids from the first generation_config.json found (an id or a list of ids) and the tokenizer's own."""
+    ids: set[int] = set()
+    for d in _candidates(Path(path)):
+        gen_file = d / "generation_config.json"
+        if gen_file.exists():
+            gen = read_json(gen_file)
+            if isinstance(gen.get("eos_token_id"), list):
+                eos = read_list(gen, "eos_token_id", gen_file, int)
+                if any(i < 0 for i in eos):
+                    raise ValueError(f"{gen_file}: field 'eos_token_id' has negative ids {eos}")
+            else:
+                eos = [i for i in [read_int(gen, "eos_token_id", gen_file, default=None, minimum=0)] if i is not None]
+            ids |= set(eos)
+            break
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
