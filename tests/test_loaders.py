@@ -6,17 +6,26 @@ not exist.
 
 from __future__ import annotations
 
+import collections
+import io
 import json
+import os
+import pickle
 import re
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from jaxspec import LLM
 from jaxspec.convert.checkpoint import CONFIG_FILE, load_checkpoint, save_checkpoint
 from jaxspec.convert.eagle import load_eagle, save_eagle
 from jaxspec.convert.hf_llama import load_hf_llama, save_hf_llama
+from jaxspec.convert.torch_bin import load_torch_bin
 from jaxspec.models import eagle
 from jaxspec.tokenizer import eos_token_ids, load_tokenizer
 from tests.tiny import TINY, tiny_weights, write_char_tokenizer
@@ -249,3 +258,203 @@ def test_bad_generation_config_names_the_file(tmp_path, eos, words):
     (tmp_path / "generation_config.json").write_text(eos)
     with raises_naming(tmp_path / "generation_config.json", *words):
         eos_token_ids(None, tmp_path)
+
+
+# ---- pytorch_model.bin: nothing runs, nothing is inflated on the file's word -------------------------------------
+
+class FakeStorage:
+    """Pickled as torch pickles a storage: a persistent id ("storage", torch.<Type>Storage, key, "cpu", numel)."""
+
+    def __init__(self, key: str, numel: int, kind: str = "FloatStorage"):
+        self.key, self.numel, self.kind = key, numel, kind
+
+
+class FakeTensor:
+    """Pickled as torch pickles a tensor: torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)."""
+
+    def __init__(self, storage: FakeStorage, offset, size, stride):
+        self.args = (storage, offset, size, stride)
+
+    def __reduce__(self):
+        import torch
+        return torch._utils._rebuild_tensor_v2, (*self.args, False, collections.OrderedDict())
+
+
+class TorchPickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, FakeStorage):
+            import torch
+            return "storage", getattr(torch, obj.kind), obj.key, "cpu", obj.numel
+        return None
+
+
+def write_bin(path: Path, state: dict, entries: dict[str, bytes] | None = None, pickle_bytes: bytes | None = None,
+              protocol: int = 2) -> Path:
+    """A zip-format .bin as torch.save writes it, from fake tensors and the storages' raw bytes."""
+    if pickle_bytes is None:
+        buf = io.BytesIO()
+        TorchPickler(buf, protocol=protocol).dump(state)
+        pickle_bytes = buf.getvalue()
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle_bytes)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+        for key, data in (entries or {}).items():
+            z.writestr(f"archive/data/{key}", data)
+    return path
+
+
+def float_bytes(n: int) -> bytes:
+    return np.arange(n, dtype=np.float32).tobytes()
+
+
+def test_write_bin_matches_torch_save(tmp_path):
+    """The hand-made files below are what torch.save writes: our reader and torch.load agree on one."""
+    import torch
+    s = FakeStorage("0", 12)
+    state = {"a": FakeTensor(s, 0, (3, 4), (4, 1)), "t": FakeTensor(s, 1, (3, 2), (1, 3))}
+    path = write_bin(tmp_path / "x.bin", state, {"0": float_bytes(12)})
+    ref = torch.load(path, weights_only=True)
+    out = load_torch_bin(path)
+    for k in ("a", "t"):
+        np.testing.assert_array_equal(out[k], ref[k].numpy())
+
+
+BAD_VIEWS = {  # name: (offset, size, stride) on a 12-element storage, words the error must contain
+    "offset past the end": (12, (1,), (1,), "overruns storage archive/data/0"),
+    "size past the end": (0, (13,), (1,), "overruns storage archive/data/0"),
+    "stride past the end": (0, (3, 4), (5, 1), "overruns storage archive/data/0"),
+    "more elements than the storage": (0, (24,), (0,), "overruns storage archive/data/0"),
+    "negative stride": (11, (12,), (-1,), "malformed"),
+    "negative offset": (-1, (1,), (1,), "malformed"),
+    "string size": (0, ("3",), (1,), "malformed"),
+    "bool size": (0, (True,), (1,), "malformed"),
+    "rank mismatch": (0, (3, 4), (1,), "malformed"),
+    "size a list": (0, [3, 4], (4, 1), "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VIEWS)
+def test_bin_tensor_views_are_checked_against_their_storage(tmp_path, case):
+    offset, size, stride, words = BAD_VIEWS[case]
+    path = write_bin(tmp_path / "x.bin", {"w": FakeTensor(FakeStorage("0", 12), offset, size, stride)},
+                     {"0": float_bytes(12)})
+    with raises_naming(path, words):
+        load_torch_bin(path)
+
+
+BAD_STORAGES = {  # name: (declared numel, elements in the entry or None for no entry, words of the error)
+    "entry short": (12, 11, "storage (12 x float32) archive/data/0 declares 48 bytes but its zip entry holds 44"),
+    "entry long": (12, 13, "storage (12 x float32) archive/data/0 declares 48 bytes but its zip entry holds 52"),
+    "no entry": (12, None, "storage (12 x float32) archive/data/0 is missing"),
+    "negative numel": (-1, 12, "unsupported persistent id"),
+    "float numel": (1.5, 12, "unsupported persistent id"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_STORAGES)
+def test_bin_storage_sizes_are_checked_against_their_entries(tmp_path, case):
+    numel, stored, words = BAD_STORAGES[case]
+    path = write_bin(tmp_path / "x.bin", {"w": FakeTensor(FakeStorage("0", numel), 0, (2,), (1,))},
+                     {} if stored is None else {"0": float_bytes(stored)})
+    with raises_naming(path, words):
+        load_torch_bin(path)
+
+
+def test_bin_storage_declared_twice_differently(tmp_path):
+    state = {"a": FakeTensor(FakeStorage("0", 12), 0, (2,), (1,)),
+             "b": FakeTensor(FakeStorage("0", 6, "DoubleStorage"), 0, (2,), (1,))}
+    path = write_bin(tmp_path / "x.bin", state, {"0": float_bytes(12)})
+    with raises_naming(path, "storage archive/data/0 is declared as both"):
+        load_torch_bin(path)
+
+
+class Evil:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+@pytest.mark.parametrize("target", ["os.system", "subprocess.check_call", "builtins.exec", "builtins.getattr",
+                                    "numpy.load", "torch.load"])
+def test_bin_never_calls_a_global_outside_the_allowlist(tmp_path, protocol, target):
+    import importlib
+    marker = tmp_path / "pwned"
+    module, name = target.rsplit(".", 1)
+    fn = getattr(importlib.import_module(module), name)
+    payload = pickle.dumps({"w": Evil(fn, f"touch {marker}")}, protocol=protocol)
+    path = write_bin(tmp_path / "x.bin", {}, pickle_bytes=payload)
+    with raises_naming(path, "refusing to unpickle forbidden global", name):
+        load_torch_bin(path)
+    assert not marker.exists()
+
+
+def test_bin_views_cannot_be_rewritten_after_their_check(tmp_path):
+    """pickle's BUILD opcode sets attributes on the object on the stack: a tensor checked at REDUCE must not be
+    rewritable by a BUILD that follows it (it would make the strided read overrun the storage)."""
+    buf = io.BytesIO()
+    TorchPickler(buf, protocol=2).dump(FakeTensor(FakeStorage("0", 12), 0, (12,), (1,)))
+    tensor = buf.getvalue()[2:-1]  # the tensor's opcodes, without PROTO and STOP
+    state = pickle.dumps({"size": (10 ** 9,), "stride": (1,)}, protocol=2)[2:-1]
+    payload = b"\x80\x02}X\x01\x00\x00\x00w" + tensor + state + b"bs."  # {"w": tensor} with BUILD(tensor, state)
+    path = write_bin(tmp_path / "x.bin", {}, {"0": float_bytes(12)}, pickle_bytes=payload)
+    with raises_naming(path, "cannot read the pickle"):
+        load_torch_bin(path)
+
+
+BOMB_CHILD = r"""
+import resource, sys
+from jaxspec.convert.torch_bin import load_torch_bin
+vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (3 << 30), vm + (3 << 30)))  # the old reader dies, not the machine
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for path in sys.argv[1:]:
+    try:
+        load_torch_bin(path)
+        print("loaded", flush=True)
+    except ValueError as e:
+        print("ValueError", str(e).replace("\n", " "), flush=True)
+    except MemoryError:
+        print("MemoryError", flush=True)
+    print("extra_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, flush=True)
+"""
+
+
+def deflated_zeros_bin(path: Path, state: dict, nbytes: int) -> Path:
+    """A .bin whose storage entry archive/data/0 inflates to `nbytes` zero bytes (about nbytes / 1000 on disk)."""
+    buf = io.BytesIO()
+    TorchPickler(buf, protocol=2).dump(state)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr("archive/data.pkl", buf.getvalue(), compress_type=zipfile.ZIP_STORED)
+        with z.open("archive/data/0", "w", force_zip64=True) as f:
+            chunk = bytes(1 << 24)
+            for _ in range(nbytes // len(chunk)):
+                f.write(chunk)
+    return path
+
+
+def test_bin_decompression_bombs_fail_in_bounded_memory(tmp_path):
+    """A 1 MB file whose storage inflates to 1 GiB, declared as a 4x4 tensor; the same declared as a 256 MiB
+    tensor (every size consistent: only the inflation ratio gives it away); a pickle whose memo index makes the
+    unpickler allocate 64 GiB. Each must be a ValueError naming the file and the storage, in a child process
+    whose peak memory grows by under 100 MB."""
+    small = deflated_zeros_bin(tmp_path / "small.bin", {"w": FakeTensor(FakeStorage("0", 16), 0, (4, 4), (4, 1))},
+                               1 << 30)
+    assert small.stat().st_size < 1.1e6
+    n = (1 << 28) // 4
+    large = deflated_zeros_bin(tmp_path / "large.bin", {"w": FakeTensor(FakeStorage("0", n), 0, (n,), (1,))},
+                               1 << 28)
+    memo = write_bin(tmp_path / "memo.bin", {}, pickle_bytes=b"\x80\x02}r\xff\xff\xff\xff.")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", BOMB_CHILD, str(small), str(large), str(memo)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and len(lines) == 6, run.stdout + run.stderr[-3000:]
+    expect = [(small, "storage (16 x float32) archive/data/0 declares 64 bytes but its zip entry holds 1073741824"),
+              (large, "zip entry archive/data/0 inflates"), (memo, "memo index 4294967295")]
+    for (path, words), outcome, extra in zip(expect, lines[::2], lines[1::2]):
+        assert outcome.startswith(f"ValueError {path}: ") and words in outcome, outcome
+        assert int(extra.split()[1]) < 100 * 1024, (path, extra)
