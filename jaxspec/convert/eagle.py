@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.convert.tensors import read_safetensors
 from jaxspec.json_config import read_bool, read_dict, read_int, read_json, read_list
 from jaxspec.models import llama
@@ -235,8 +236,8 @@ def _to_hf_config(cfg: EagleConfig) -> dict:
 
 def save_eagle(path: str, cfg: EagleConfig, weights: EagleWeights) -> None:
     """Write `config.json` + `model.safetensors` in the layout `load_eagle` reads (EAGLE-1 with the .bin's key
-    names, EAGLE-3 as SpecForge exports), so trained heads load here and in EAGLE/sglang-style loaders."""
-    os.makedirs(path, exist_ok=True)
+    names, EAGLE-3 as SpecForge exports), so trained heads load here and in EAGLE/sglang-style loaders. The
+    directory is replaced only when complete."""
     w = {k: (None if v is None else np.asarray(v)) for k, v in vars(weights).items()}
     p, q_size, kv_size = _prefix(cfg.method), cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     q, k, v = np.split(w["wqkv"], [q_size, q_size + kv_size], axis=1)
@@ -258,7 +259,7 @@ def save_eagle(path: str, cfg: EagleConfig, weights: EagleWeights) -> None:
         t2d[np.arange(cfg.draft_vocab_size) + d2t] = True
         out |= {f"{p}input_layernorm.weight": w["input_norm"], f"{p}hidden_norm.weight": w["hidden_norm"],
                 "norm.weight": w["final_norm"], "lm_head.weight": w["lm_head"].T, "d2t": d2t, "t2d": t2d}
-    save_file({name: np.ascontiguousarray(t) for name, t in out.items()}, os.path.join(path, SAFETENSORS),
-              metadata={"format": "pt"})
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(_to_hf_config(cfg), f, indent=2)
+    with atomic_dir(path) as tmp:
+        save_file({name: np.ascontiguousarray(t) for name, t in out.items()}, tmp / SAFETENSORS,
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(_to_hf_config(cfg), indent=2))

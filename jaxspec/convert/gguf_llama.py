@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.convert.hf_llama import layer_slots, save_hf_llama, weights_from_hf
 from jaxspec.convert.tensors import Tensor
 from jaxspec.json_config import show
 from jaxspec.models import llama
-from jaxspec.models.llama import Config
+from jaxspec.models.llama import Config, Weights
+from jaxspec.tokenizer import from_pretrained
 
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                 "output.weight": "lm_head.weight"}
@@ -156,10 +158,7 @@ def read_tensors(reader: GGUFReader, cfg: Config, path: Path) -> dict[str, Tenso
             continue
         else:
             raise ValueError(f"{path}: unexpected tensor {t.name!r} for a Llama model")
-        try:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(tuple(reversed(t.shape.tolist())))
-        except (NotImplementedError, ValueError) as e:
-            raise ValueError(f"{path}: cannot dequantize tensor {t.name!r} ({t.tensor_type.name}): {e}") from None
+        w = _dequantize(t, path)
         if m and m[2] in ("attn_q.weight", "attn_k.weight"):
             heads = cfg.num_heads if m[2] == "attn_q.weight" else cfg.num_kv_heads
             shape = layer_slots(cfg)[LAYER_NAMES[m[2]]][2]
@@ -170,38 +169,77 @@ def read_tensors(reader: GGUFReader, cfg: Config, path: Path) -> dict[str, Tenso
     return out
 
 
-def token_ids(reader: GGUFReader, path: Path) -> dict:
-    """bos/eos/pad ids for config.json and generation_config.json (only those the file sets)."""
+def _dequantize(t: ReaderTensor, path: Path) -> np.ndarray:
+    """The tensor in fp32 and its HF (row-major) shape."""
+    try:
+        return dequantize(t.data, t.tensor_type).astype(np.float32).reshape(tuple(reversed(t.shape.tolist())))
+    except (NotImplementedError, ValueError) as e:
+        raise ValueError(f"{path}: cannot dequantize tensor {t.name!r} ({t.tensor_type.name}): {e}") from None
+
+
+TOKENIZER_MODELS = ("llama", "gpt2")  # sentencepiece and byte-level BPE: the Llama family's two
+
+
+def check_tokenizer(reader: GGUFReader, path: Path, vocab_size: int) -> dict:
+    """Check the `tokenizer.*` metadata transformers builds the tokenizer from (so it cannot fail half-way through
+    a conversion); returns the bos/eos/pad ids the file sets, for config.json and generation_config.json."""
+    model = _field(reader, path, "tokenizer.ggml.model", str)
+    if model not in TOKENIZER_MODELS:
+        raise ValueError(f"{path}: tokenizer.ggml.model {model!r} is not supported (expected one of "
+                         f"{TOKENIZER_MODELS})")
+    tokens = _field(reader, path, "tokenizer.ggml.tokens", list)
+    if not tokens or len(tokens) > vocab_size or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.tokens must be 1 to {vocab_size} strings (the embedding's rows), "
+                         f"got {show(tokens)}")
+    for key, kind in (("tokenizer.ggml.scores", float), ("tokenizer.ggml.token_type", int)):
+        values = _field(reader, path, key, list, None)
+        if values is not None and (len(values) != len(tokens) or not all(_KINDS[kind][1](v) for v in values)):
+            raise ValueError(f"{path}: {key} must be {len(tokens)} values, one per token, got {show(values)}")
+    merges = _field(reader, path, "tokenizer.ggml.merges", list, None)
+    if merges is not None and not all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges):
+        raise ValueError(f"{path}: tokenizer.ggml.merges must be strings 'left right', got {show(merges)}")
+    if merges is None and reader.fields.get("tokenizer.ggml.scores") is None:
+        raise ValueError(f"{path}: metadata field 'tokenizer.ggml.merges' is missing (and no tokenizer.ggml.scores "
+                         "to derive merges from)")
+    _field(reader, path, "tokenizer.chat_template", str, None)
     ids = {}
     for hf_key, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                        ("pad_token_id", "padding_token_id")):
+                        ("pad_token_id", "padding_token_id"), (None, "unknown_token_id")):
         value = _field(reader, path, f"tokenizer.ggml.{key}", int, None)
-        if value is not None:
+        if value is not None and not 0 <= value < len(tokens):
+            raise ValueError(f"{path}: tokenizer.ggml.{key} = {value} is not a token id (0 to {len(tokens) - 1})")
+        if value is not None and hf_key is not None:
             ids[hf_key] = value
     return ids
 
 
 def save_tokenizer(path: Path, out_dir: Path) -> None:
     """transformers rebuilds the fast tokenizer (and chat template) from the GGUF's `tokenizer.*` metadata."""
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out_dir)
+    from_pretrained(path, path.parent, gguf_file=path.name).save_pretrained(out_dir)
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
-    """Write an HF Llama directory (config, weights, tokenizer, generation config) for a GGUF file."""
-    path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+def load_gguf(gguf_path: str | Path, dtype: str = "float32") -> tuple[Config, Weights, dict]:
+    """Config, host weights and special token ids of a GGUF Llama file: every metadata field and tensor checked
+    (the tokenizer's too), so that any problem is a ValueError naming the file before anything is written."""
+    path = Path(gguf_path).resolve()
     reader = _open(path)
     hf = hf_config(reader, path)
     cfg = Config.from_hf(hf, dtype=dtype, source=str(path))
     rope_freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
     if rope_freqs is not None:
-        hf["rope_scaling"] = llama3_rope_scaling(cfg, dequantize(rope_freqs.data, rope_freqs.tensor_type), path)
+        hf["rope_scaling"] = llama3_rope_scaling(cfg, _dequantize(rope_freqs, path).ravel(), path)
         cfg = Config.from_hf(hf, dtype=dtype, source=str(path))
-    _field(reader, path, "tokenizer.ggml.model", str)  # fail before writing anything if the tokenizer is absent
-    weights = weights_from_hf(cfg, read_tensors(reader, cfg, path), path)
-    ids = token_ids(reader, path)
-    save_hf_llama(cfg, weights, out_dir, extra_config=ids)
-    (out_dir / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
-    save_tokenizer(path, out_dir)
+    ids = check_tokenizer(reader, path, cfg.vocab_size)
+    return cfg, weights_from_hf(cfg, read_tensors(reader, cfg, path), path), ids
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+    """Write an HF Llama directory (config, weights, tokenizer, generation config) for a GGUF file: built under a
+    temporary name and renamed into place when complete, so a failure leaves no directory behind."""
+    path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+    cfg, weights, ids = load_gguf(path, dtype)
+    with atomic_dir(out_dir) as tmp:
+        save_hf_llama(cfg, weights, tmp, extra_config=ids)
+        (tmp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+        save_tokenizer(path, tmp)
     return out_dir

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.convert.tensors import Tensor, read_checkpoint
 from jaxspec.json_config import read_json
 from jaxspec.models import llama
@@ -137,13 +138,13 @@ def load_hf_llama(path: str | Path, dtype: str = "float32") -> tuple[Config, Wei
 
 
 def save_hf_llama(cfg: Config, w: Weights, path: str | Path, extra_config: dict | None = None) -> None:
-    """Write `config.json` (plus `extra_config`, e.g. token ids) and one `model.safetensors`."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    """Write `config.json` (plus `extra_config`, e.g. token ids) and one `model.safetensors` into a new `path`
+    (replacing any older one only when complete)."""
     dtype = jax.tree.leaves(w)[0].dtype
     hf = {**cfg.to_hf(), "dtype": str(np.dtype(dtype)), **(extra_config or {})}
-    save_file(hf_tensors(cfg, w), path / "model.safetensors", metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    with atomic_dir(path) as tmp:
+        save_file(hf_tensors(cfg, w), tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
 
 
 def _natural(name: str) -> list:
