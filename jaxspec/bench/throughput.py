@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxspec.bench import data, report
+from jaxspec.json_config import read_json, read_json_arg
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -144,10 +145,10 @@ def resolve_model(args) -> ModelSource:
     ckpt = path / "ckpt" if (path / "ckpt" / CONFIG_FILE).exists() else path
     hf_dir = next((d for d in (path, path / "hf", path.parent / "hf") if (d / "config.json").exists()), None)
     if hf_dir is not None:
-        hf = json.loads((hf_dir / "config.json").read_text())
+        hf = read_json(hf_dir / "config.json")
     else:
         from jaxspec.convert.checkpoint import config_from_json
-        hf = config_from_json(json.loads((ckpt / CONFIG_FILE).read_text()), ckpt / CONFIG_FILE).to_hf()
+        hf = config_from_json(read_json(ckpt / CONFIG_FILE), ckpt / CONFIG_FILE).to_hf()
     has_tok = hf_dir is not None and any((hf_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
     tok = args.tokenizer or (str(hf_dir) if has_tok else None)
     return ModelSource(Path(args.model).name, ckpt, hf_dir, hf, tok)
@@ -163,8 +164,7 @@ def parse_spec(args) -> dict | None:
             raise ValueError(f"--synthetic-acceptance must be in [0, 1], got {args.synthetic_acceptance}")
     if not args.speculative_config:
         return None
-    s = args.speculative_config
-    spec = json.loads(Path(s).read_text() if s.endswith(".json") and Path(s).exists() else s)
+    spec = read_json_arg(args.speculative_config, "--speculative-config")
     spec.setdefault("method", "eagle")
     if args.load_format == "dummy":
         spec.setdefault("model", "dummy")
