@@ -12,6 +12,8 @@ import json
 import os
 import pickle
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -27,6 +29,7 @@ from jaxspec.convert.checkpoint import CONFIG_FILE, load_checkpoint, save_checkp
 from jaxspec.convert.eagle import load_eagle, save_eagle
 from jaxspec.convert.gguf_llama import convert_gguf
 from jaxspec.convert.hf_llama import load_hf_llama, save_hf_llama
+from jaxspec.convert.tensors import read_safetensors
 from jaxspec.convert.torch_bin import load_torch_bin
 from jaxspec.models import eagle, llama
 from jaxspec.tokenizer import eos_token_ids, load_tokenizer
@@ -409,6 +412,7 @@ def test_bin_views_cannot_be_rewritten_after_their_check(tmp_path):
 
 BOMB_CHILD = r"""
 import resource, sys
+from jaxspec.convert.tensors import read_safetensors
 from jaxspec.convert.torch_bin import load_torch_bin
 vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (3 << 30), vm + (3 << 30)))  # the old reader dies, not the machine
@@ -460,6 +464,44 @@ def test_bin_decompression_bombs_fail_in_bounded_memory(tmp_path):
     for (path, words), outcome, extra in zip(expect, lines[::2], lines[1::2]):
         assert outcome.startswith(f"ValueError {path}: ") and words in outcome, outcome
         assert int(extra.split()[1]) < 100 * 1024, (path, extra)
+
+
+# ---- safetensors headers ------------------------------------------------------------------------------------------
+
+def raw_safetensors(path: Path, header: bytes | dict, body: bytes = bytes(64), header_len: int | None = None) -> Path:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes((len(text) if header_len is None else header_len).to_bytes(8, "little") + text + body)
+    return path
+
+
+BAD_SAFETENSORS = {  # header (or raw header bytes), words of the error
+    "negative dims": ({"w": {"dtype": "F32", "shape": [-2, -8], "data_offsets": [0, 64]}}, "bad header entry"),
+    "bool dims": ({"w": {"dtype": "F32", "shape": [True, 16], "data_offsets": [0, 64]}}, "bad header entry"),
+    "float offsets": ({"w": {"dtype": "F32", "shape": [16], "data_offsets": [0.0, 64.0]}}, "bad header entry"),
+    "start after end": ({"w": {"dtype": "F32", "shape": [0], "data_offsets": [64, 0]}}, "bad header entry"),
+    "one offset": ({"w": {"dtype": "F32", "shape": [16], "data_offsets": [64]}}, "bad header entry"),
+    "unknown dtype": ({"w": {"dtype": "F33", "shape": [16], "data_offsets": [0, 64]}}, "bad header entry"),
+    "entry a list": ({"w": [1, 2]}, "bad header entry"),
+    "shape too big": ({"w": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 64]}}, "spans 64 bytes"),
+    "past the end": ({"w": {"dtype": "F32", "shape": [2**40], "data_offsets": [0, 2**42]}}, "truncated"),
+    "nested deep": (b"[" * 100_000, "corrupt safetensors header"),
+    "not utf-8": (b'{"\xff": 1}', "corrupt safetensors header"),
+    "a list": (b"[]", "not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SAFETENSORS)
+def test_bad_safetensors_header_names_file_and_tensor(tmp_path, case):
+    header, words = BAD_SAFETENSORS[case]
+    path = raw_safetensors(tmp_path / "model.safetensors", header)
+    with raises_naming(path, words):
+        read_safetensors(path)
+
+
+def test_safetensors_header_length_past_the_end(tmp_path):
+    path = raw_safetensors(tmp_path / "model.safetensors", b"{}", header_len=2**64 - 1)
+    with raises_naming(path, "truncated safetensors file"):
+        read_safetensors(path)
 
 
 # ---- converters write to a temporary directory and rename it into place when complete ----------------------------
@@ -762,3 +804,189 @@ def test_cli_process_exit_status_and_stderr(tmp_path):
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr == f"jaxspec convert: error: {tmp_path / 'nowhere' / 'config.json'}: missing (not a Hugging " \
                          "Face model directory)\n"
+
+
+# ---- byte-flip fuzz: a clean load or a ValueError naming the file; nothing else, no hang, nothing run ------------
+
+INTERESTING = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x100, 0x7FFF, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1,
+               2**63, 2**64 - 1]  # boundary values for a length or count field
+TEXT = b'0123456789-.,:[]{}" eE+abcdefghijklmnopqrstuvwxyz_'  # what a JSON header or a pickle's text is made of
+FUZZ_SECONDS = 5.0  # per mutation; a clean load of these files takes milliseconds
+
+
+def mutations(data: bytes, hot: list[tuple[int, int]], n: int, seed: int):
+    """`n` deterministic mutations of `data`, most of them inside the `hot` ranges (headers: where parsers work):
+    random byte flips, text characters, boundary integers over 1-8 bytes, truncation, extension."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        kind = ("flip", "flip", "text", "int", "truncate", "extend")[i % 6]
+        b = bytearray(data)
+        lo, hi = hot[int(rng.integers(0, len(hot)))]
+        if kind == "flip":
+            if rng.random() < 0.3:
+                lo, hi = 0, len(b)
+            for pos in rng.integers(lo, hi, int(rng.integers(1, 9))):
+                b[pos] ^= int(rng.integers(1, 256))
+        elif kind == "text":
+            for pos in rng.integers(lo, hi, int(rng.integers(1, 4))):
+                b[pos] = TEXT[int(rng.integers(0, len(TEXT)))]
+        elif kind == "int":
+            width = int(rng.choice([1, 2, 4, 8]))
+            pos = int(rng.integers(lo, max(lo + 1, hi - width)))
+            v = INTERESTING[int(rng.integers(0, len(INTERESTING)))] if rng.random() < 0.8 \
+                else int(rng.integers(0, 2**16))
+            b[pos:pos + width] = (v % 2 ** (8 * width)).to_bytes(width, "little")
+        elif kind == "truncate":
+            b = b[:int(rng.integers(0, hi + 16 if rng.random() < 0.5 else len(b)))]
+        else:
+            tail = bytes(int(rng.integers(1, 4097))) if rng.random() < 0.3 else \
+                rng.integers(0, 256, int(rng.integers(1, 65)), dtype=np.uint8).tobytes()
+            b += tail
+        yield f"{i}:{kind}", bytes(b)
+
+
+class Hang(BaseException):
+    """A load that outlived FUZZ_SECONDS (a BaseException, so no loader's handler swallows it)."""
+
+
+# Audit events (PEP 578) of running code: a subprocess, exec/compile of source, an import, the default unpickler
+# resolving a global, native code, the network. Loading a weight file must raise none of them.
+CODE_EVENTS = ("exec", "compile", "import", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+               "os.fork", "pickle.find_class", "ctypes.", "marshal.", "code.__new__", "function.__new__", "socket.",
+               "urllib.", "builtins.input", "sys.settrace", "sys.setprofile")
+FILE_EVENTS = ("open", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "shutil.rmtree", "os.listdir", "os.scandir")
+_AUDITED: list | None = None  # the audit events of the load in progress; None: not recording
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _AUDITED is not None:
+        _AUDITED.append((event, args))
+
+
+sys.addaudithook(_audit)  # cannot be removed again: inert unless _AUDITED is a list
+
+
+def _stray(events: list, root: str) -> list[str]:
+    """The audited events a weight file's load must not cause: running code, or a file operation outside root."""
+    out = []
+    for event, args in events:
+        path = os.fspath(args[0]) if args and isinstance(args[0], (str, os.PathLike)) else ""
+        if event.startswith(CODE_EVENTS) or (event in FILE_EVENTS and os.path.isabs(path)
+                                             and not path.startswith(root)):
+            out.append(f"{event} {path}")
+    return out
+
+
+def fuzz(target: Path, load, mutated, write=None, seed: int = 0):
+    """Write each mutation to `target` (through `write`, e.g. re-zipping) and `load()` it; returns (outcome counts,
+    failures). A failure: any exception but a ValueError whose message starts with the target file or its
+    directory, a load over FUZZ_SECONDS, an audited event of running code (CODE_EVENTS) or one on a path outside
+    the fuzz's own directory."""
+    global _AUDITED
+    counts, failures = collections.Counter(), []
+    names = (str(target), str(target.parent))
+    load()  # the unmutated file loads (and lazy imports of the loaders happen before recording)
+    "".encode("cp437")  # zipfile's codec for names without the UTF-8 flag: stdlib, imported on first use
+    for mid, data in mutated:
+        target.write_bytes(write(data) if write else data)
+        events: list = []
+        signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(Hang()))
+        signal.setitimer(signal.ITIMER_REAL, FUZZ_SECONDS)
+        _AUDITED = events
+        try:
+            load()
+            outcome = "clean"
+        except ValueError as e:
+            outcome = "ValueError" if str(e).startswith(names) else f"ValueError not naming the file: {e}"
+        except Hang:
+            outcome = "hang"
+        except Exception as e:  # noqa: BLE001 (recorded and failed below: that is the point of a fuzz)
+            outcome = f"{type(e).__name__}: {e}"
+        finally:
+            _AUDITED = None
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        stray = _stray(events, str(target.parent.parent))
+        counts[outcome if outcome in ("clean", "ValueError") else "failure"] += 1
+        if outcome not in ("clean", "ValueError") or stray:
+            failures.append((mid, outcome[:300], stray[:3]))
+    return counts, failures
+
+
+@pytest.fixture(scope="module")
+def fuzz_files(tmp_path_factory, small_weights):
+    """The three formats, a few KB each: an HF directory with model.safetensors, a GGUF, an HF directory with a
+    torch.save'd pytorch_model.bin (deterministic bytes: same weights, same writers)."""
+    import torch
+
+    from jaxspec.convert.hf_llama import hf_tensors
+    root = tmp_path_factory.mktemp("fuzz")
+    save_hf_llama(SMALL, small_weights, root / "st")
+    (root / "gguf").mkdir()
+    write_small_gguf(root / "gguf" / "small.gguf", SMALL, small_weights)
+    (root / "bin").mkdir()
+    (root / "bin" / "config.json").write_bytes((root / "st" / "config.json").read_bytes())
+    state = {k: torch.from_numpy(np.array(v)) for k, v in hf_tensors(SMALL, small_weights).items()}
+    torch.save(state, root / "bin" / "pytorch_model.bin")
+    return root
+
+
+def report(fmt: str, counts, failures) -> None:
+    print(f"\nbyte-flip fuzz {fmt}: {dict(counts)}")
+    assert not failures, f"{len(failures)} bad outcomes, first ones: {failures[:8]}"
+    assert counts["clean"] and counts["ValueError"]  # the mutations reach past the parsers and break them too
+
+
+def test_fuzz_safetensors(fuzz_files):
+    target = fuzz_files / "st" / "model.safetensors"
+    data = target.read_bytes()
+    header = 8 + int.from_bytes(data[:8], "little")
+    counts, failures = fuzz(target, lambda: load_hf_llama(target.parent), mutations(data, [(0, header)], 600, 1))
+    target.write_bytes(data)
+    report("safetensors", counts, failures)
+    assert sum(counts.values()) == 600
+
+
+def test_fuzz_gguf(fuzz_files):
+    """End to end: convert_gguf, its tokenizer import included; a failed conversion leaves no directory."""
+    import gguf
+    target = fuzz_files / "gguf" / "small.gguf"
+    data, out = target.read_bytes(), fuzz_files / "gguf-out" / "hf"
+
+    def convert():
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            convert_gguf(target, out)
+        except ValueError:
+            assert not out.exists() and (not out.parent.exists() or leftovers(out.parent) == [])
+            raise
+    counts, failures = fuzz(target, convert, mutations(data, [(0, gguf.GGUFReader(target).data_offset)], 600, 2))
+    target.write_bytes(data)
+    report("gguf", counts, failures)
+    assert sum(counts.values()) == 600
+
+
+def test_fuzz_torch_bin(fuzz_files):
+    """The file's bytes (zip structures, CRCs), then the pickle's bytes re-zipped with valid CRCs (so that the
+    mutations reach the unpickler, the storage and view checks)."""
+    target = fuzz_files / "bin" / "pytorch_model.bin"
+    data = target.read_bytes()
+    with zipfile.ZipFile(target) as z:
+        entries = [(info.filename, z.read(info)) for info in z.infolist()]
+        pkl = next(i for i in z.infolist() if i.filename.endswith("/data.pkl"))
+        hot = [(pkl.header_offset, pkl.header_offset + 128 + pkl.compress_size), (z.start_dir, len(data))]
+
+    def rezip(pickle_bytes: bytes) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, content in entries:
+                z.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), pickle_bytes if name == pkl.filename
+                           else content)
+        return buf.getvalue()
+    load = lambda: load_hf_llama(target.parent)  # noqa: E731
+    counts, failures = fuzz(target, load, mutations(data, hot, 600, 3))
+    pkl_data = dict(entries)[pkl.filename]
+    pkl_counts, pkl_failures = fuzz(target, load, mutations(pkl_data, [(0, len(pkl_data))], 400, 4), write=rezip)
+    target.write_bytes(data)
+    report("pytorch_model.bin (file bytes)", counts, failures)
+    report("pytorch_model.bin (pickle bytes)", pkl_counts, pkl_failures)
+    assert sum(counts.values()) == 600 and sum(pkl_counts.values()) == 400

@@ -18,6 +18,7 @@ from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from jaxspec.atomic import atomic_dir
+from jaxspec.convert.gguf_layout import check_layout
 from jaxspec.convert.hf_llama import layer_slots, save_hf_llama, weights_from_hf
 from jaxspec.convert.tensors import Tensor
 from jaxspec.json_config import show
@@ -88,9 +89,10 @@ def _f32(x: float) -> float:
 
 
 def _open(path: Path) -> GGUFReader:
+    check_layout(path)  # GGUFReader trusts every count in the file
     try:
         reader = GGUFReader(path)
-    except (ValueError, OSError, IndexError) as e:
+    except (ValueError, OSError, IndexError, KeyError) as e:  # what GGUFReader raises on a malformed file
         raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
     arch = _field(reader, path, "general.architecture", str)
     if arch != "llama":
@@ -132,6 +134,9 @@ def hf_config(reader: GGUFReader, path: Path) -> dict:
 
 def llama3_rope_scaling(cfg: Config, divisors: np.ndarray, path: Path) -> dict | None:
     """Recover HF's llama3 `rope_scaling` from llama.cpp's `rope_freqs` divisors, checking it reproduces them."""
+    if divisors.shape != (cfg.head_dim // 2,):
+        raise ValueError(f"{path}: tensor {ROPE_FREQS!r} has shape {divisors.shape}, the head size implies "
+                         f"({cfg.head_dim // 2},)")
     factor = float(divisors.max())
     if factor == 1.0:
         return None

@@ -43,7 +43,7 @@ MAX_INFLATE_RATIO = 16
 _READ_CHUNK = 1 << 22
 # What a damaged zip archive raises from the zipfile module (central directory, local headers, CRC, inflating).
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, struct.error,
-               UnicodeDecodeError, OverflowError)
+               UnicodeDecodeError, OverflowError, NotImplementedError)
 # What a damaged pickle raises from the unpickler (its own errors, and the builtin constructors it calls).
 _PICKLE_ERRORS = (pickle.UnpicklingError, EOFError, TypeError, ValueError, KeyError, IndexError, AttributeError,
                   OverflowError, RecursionError, UnicodeDecodeError, struct.error)
@@ -259,12 +259,15 @@ def load_torch_bin(path: str | Path) -> dict[str, np.ndarray]:
 
     Any problem with the file is a ValueError naming it (and the storage or tensor where there is one)."""
     path = Path(path)
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: not a zip-format PyTorch file (legacy tar/pickle .bin files are not supported)")
     try:
-        with zipfile.ZipFile(path) as zf:
+        zf = zipfile.ZipFile(path)
+    except _ZIP_ERRORS as e:  # not a zip, or its central directory is damaged
+        raise ValueError(f"{path}: not a readable zip-format PyTorch file ({type(e).__name__}: {e}; legacy "
+                         "tar/pickle .bin files are not supported)") from None
+    with zf:
+        try:
             return _load(_Archive(zf, path.stat().st_size))
-    except _Corrupt as e:
-        raise ValueError(f"{path}: {e}") from None
-    except _ZIP_ERRORS as e:  # the central directory (opening the archive)
-        raise ValueError(f"{path}: corrupt zip archive ({type(e).__name__}: {e})") from None
+        except _Corrupt as e:
+            raise ValueError(f"{path}: {e}") from None
+        except _ZIP_ERRORS as e:  # a local header
+            raise ValueError(f"{path}: corrupt zip archive ({type(e).__name__}: {e})") from None
