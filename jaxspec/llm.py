@@ -179,7 +179,7 @@ class LLM:
         """Pages for the pool: on an accelerator, what fits in memory_fraction of it next to the weights;
         elsewhere, enough for every slot at max_model_len."""
         enough = cfg.max_num_seqs * cfg.pages_per_seq + 1
-        stats = jax.devices()[0].memory_stats() or {}
+        stats = jax.local_devices()[0].memory_stats() or {}
         limit = stats.get("bytes_limit")
         if jax.default_backend() == "cpu" or not limit:
             return enough

@@ -83,7 +83,7 @@ def load_checkpoint(path: str | Path, sharding: jax.sharding.Sharding | None = N
         cfg = config_from_json(read_json(config_file), config_file)
     except FileNotFoundError:
         raise ValueError(f"{config_file}: missing (not a complete jaxspec checkpoint)") from None
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), llama.abstract(cfg))
     with ocp.StandardCheckpointer() as ckptr:
         weights = ckptr.restore(path / "weights", target)

@@ -71,7 +71,7 @@ class ModelRunner:
             # committed to one device, as every step's outputs are: jit compiles committed and uncommitted inputs
             # separately, so uncommitted first inputs would cost an extra compile during generation
             self.tw, self.dw, self.caches, self.state = jax.device_put(
-                (self.tw, self.dw, self.caches, self.state), jax.devices()[0])
+                (self.tw, self.dw, self.caches, self.state), jax.local_devices()[0])
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
 
