@@ -18,31 +18,32 @@ _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = 80
 
 
+def parse_json(text: str | bytes, source: str | Path) -> Any:
+    """JSON text read from `source` (a file, a `file:line` of a JSONL file, a flag), which errors name."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{source}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{source}: not valid JSON (nested too deeply)") from None
+
+
+def _object(value: Any, source: str | Path) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def read_json(path: str | Path) -> dict:
     """The JSON object in `path` (FileNotFoundError passes through: callers say what a missing file means)."""
-    path = Path(path)
-    try:
-        value = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+    return _object(parse_json(Path(path).read_bytes(), path), path)
 
 
 def read_json_arg(text: str, flag: str) -> dict:
     """A command-line JSON object given inline or as the path of a .json file; errors name the flag or file."""
     if text.endswith(".json") and Path(text).exists():
         return read_json(text)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{flag}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{flag}: expected a JSON object, got {type(value).__name__}")
-    return value
+    return _object(parse_json(text, flag), flag)
 
 
 def show(value: Any) -> str:

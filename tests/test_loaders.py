@@ -990,3 +990,11 @@ def test_fuzz_torch_bin(fuzz_files):
     report("pytorch_model.bin (file bytes)", counts, failures)
     report("pytorch_model.bin (pickle bytes)", pkl_counts, pkl_failures)
     assert sum(counts.values()) == 600 and sum(pkl_counts.values()) == 400
+
+
+def test_bad_jsonl_line_names_file_and_line(tmp_path):
+    from jaxspec.train.data import read_prompts
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with raises_naming(Path(f"{path}:2"), "not valid JSON"):
+        read_prompts([path])
