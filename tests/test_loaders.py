@@ -863,7 +863,7 @@ def _audit(event: str, args: tuple) -> None:
         _AUDITED.append((event, args))
 
 
-sys.addaudithook(_audit)  # cannot be removed again: inert unless _AUDITED is a list
+_HOOKED: list = []  # the audit hook is added once, by the first fuzz (it cannot be removed; inert when idle)
 
 
 def _stray(events: list, root: str) -> list[str]:
@@ -877,12 +877,15 @@ def _stray(events: list, root: str) -> list[str]:
     return out
 
 
-def fuzz(target: Path, load, mutated, write=None, seed: int = 0):
+def fuzz(target: Path, load, mutated, write=None, seconds: float = FUZZ_SECONDS):
     """Write each mutation to `target` (through `write`, e.g. re-zipping) and `load()` it; returns (outcome counts,
     failures). A failure: any exception but a ValueError whose message starts with the target file or its
-    directory, a load over FUZZ_SECONDS, an audited event of running code (CODE_EVENTS) or one on a path outside
+    directory, a load over `seconds`, an audited event of running code (CODE_EVENTS) or one on a path outside
     the fuzz's own directory."""
     global _AUDITED
+    if not _HOOKED:
+        sys.addaudithook(_audit)
+        _HOOKED.append(_audit)
     counts, failures = collections.Counter(), []
     names = (str(target), str(target.parent))
     load()  # the unmutated file loads (and lazy imports of the loaders happen before recording)
@@ -891,7 +894,7 @@ def fuzz(target: Path, load, mutated, write=None, seed: int = 0):
         target.write_bytes(write(data) if write else data)
         events: list = []
         signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(Hang()))
-        signal.setitimer(signal.ITIMER_REAL, FUZZ_SECONDS)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         _AUDITED = events
         try:
             load()
@@ -910,6 +913,33 @@ def fuzz(target: Path, load, mutated, write=None, seed: int = 0):
         if outcome not in ("clean", "ValueError") or stray:
             failures.append((mid, outcome[:300], stray[:3]))
     return counts, failures
+
+
+def test_fuzz_harness_fails_what_it_should(tmp_path):
+    """The checks below are not vacuous: running code, another exception type, a ValueError not naming the file
+    and a hang are each caught; a clean load and a named ValueError are not."""
+    target = tmp_path / "model" / "w.bin"
+    target.parent.mkdir()
+    target.write_bytes(b"clean")
+
+    def load():
+        data = target.read_bytes()
+        if data == b"exec":
+            exec("None")
+        elif data == b"key":
+            raise KeyError("tokens")
+        elif data == b"unnamed":
+            raise ValueError("bad")
+        elif data == b"named":
+            raise ValueError(f"{target}: bad")
+        elif data == b"spin":
+            while True:
+                pass
+    mutated = [(name, name.encode()) for name in ("clean", "exec", "key", "unnamed", "named", "spin")]
+    counts, failures = fuzz(target, load, mutated, seconds=0.5)
+    assert [f[0] for f in failures] == ["exec", "key", "unnamed", "spin"]
+    assert failures[0][2] == ["compile ", "exec "] and failures[3][1] == "hang"
+    assert counts == {"clean": 2, "ValueError": 1, "failure": 3}
 
 
 @pytest.fixture(scope="module")
