@@ -1,12 +1,23 @@
-"""`jaxspec <command>`: each command registers its own subparser in COMMANDS, so new ones are one entry."""
+"""`jaxspec <command>`: each command registers its own subparser in COMMANDS, so new ones are one entry.
+
+A failure (bad input, a missing or corrupt file, a download that did not happen) prints one line to stderr,
+`jaxspec <command>: error: <file>: <problem>`, and exits with status 1; `jaxspec --debug <command> ...` lets the
+exception through with its traceback instead. Usage errors exit with status 2 (argparse).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from jaxspec import compile_cache
+from jaxspec.presets import FetchError
+
+# What a command's failure on bad input looks like (json.JSONDecodeError is a ValueError, FileNotFoundError an
+# OSError); anything else is a bug and keeps its traceback.
+FAILURES = (ValueError, OSError, FetchError)
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -50,10 +61,7 @@ def add_fetch(sub: argparse._SubParsersAction) -> None:
 def _bench_throughput(args: argparse.Namespace) -> None:
     from jaxspec.bench.throughput import run
 
-    try:
-        run(args)
-    except (ValueError, FileNotFoundError) as exc:  # a bad model, head or dataset: nothing could run
-        raise SystemExit(f"jaxspec bench throughput: error: {exc}") from None
+    run(args)
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +71,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     bench_sub = p.add_subparsers(dest="bench", required=True)
     t = bench_sub.add_parser("throughput", help="offline throughput; --sweep: async x sync x EAGLE x prompt counts")
     add_arguments(t)
-    t.set_defaults(func=_bench_throughput)
+    t.set_defaults(func=_bench_throughput, command="bench throughput")
 
 
 def _train_eagle(args: argparse.Namespace) -> None:
@@ -127,10 +135,28 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
 }
 
 
+def describe(e: BaseException) -> str:
+    """One line: the file and the problem (an OSError's own text puts the file last)."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{e.filename}: {e.strerror}" + (f" (and {e.filename2})" if e.filename2 else "")
+    else:
+        text = str(e) or type(e).__name__
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="jaxspec")
+    parser = argparse.ArgumentParser(prog="jaxspec", epilog="On a failure: one line 'jaxspec COMMAND: error: FILE: "
+                                     "PROBLEM' on stderr and exit status 1 (2 for a usage error).")
+    parser.add_argument("--debug", action="store_true", help="show a failure's full traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in COMMANDS.values():
         add(sub)
     args = parser.parse_args(argv)
-    args.func(args)
+    if args.debug:
+        args.func(args)
+        return
+    try:
+        args.func(args)
+    except FAILURES as e:
+        print(f"jaxspec {args.command}: error: {describe(e)}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -11,8 +11,9 @@ loads those programs from disk.
 from __future__ import annotations
 
 import argparse
-import json
 import time
+
+from jaxspec.json_config import read_json_arg
 
 # GSM8K-style questions of our own (the README's command must run without ../shared/data)
 EXAMPLE_PROMPTS = [
@@ -29,7 +30,7 @@ def head_config(args: argparse.Namespace) -> dict | None:
     if args.no_spec:
         return None
     if args.speculative_config:
-        return json.loads(args.speculative_config)
+        return read_json_arg(args.speculative_config, "--speculative-config")
     from jaxspec.resolve import resolve_model
     return resolve_model(args.model).head
 
@@ -106,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", default=DEFAULT_PRESET,
                    help="preset name, a preset's weights directory, jaxspec checkpoint or HF Llama directory")
-    p.add_argument("--speculative-config", help='JSON, e.g. {"method": "eagle", "model": DIR, '
+    p.add_argument("--speculative-config", help='JSON or a .json file, e.g. {"method": "eagle", "model": DIR, '
                                                 '"num_speculative_tokens": 3}; default: the preset\'s head')
     p.add_argument("--no-spec", action="store_true", help="plain decoding even if the preset ships a head")
     p.add_argument("--prompt", action="append", help="a user message (repeatable); default: four math questions")

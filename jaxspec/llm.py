@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import jax
 from tqdm.auto import tqdm
@@ -114,7 +113,7 @@ class LLM:
             target_w = llama.init(target_cfg, jax.random.key(seed))
         target_cfg, target_w = parallel.prepare(target_cfg, target_w, llama.abstract(target_cfg), tp)
         self.model_config = target_cfg
-        self.tokenizer = load_tokenizer(tokenizer_dir, must_exist=explicit_tokenizer) if tokenizer_dir else None
+        self.tokenizer = load_tokenizer(tokenizer_dir, required=explicit_tokenizer) if tokenizer_dir else None
         draft_cfg = draft_w = None
         if spec is not None:
             draft_cfg, draft_w = loader.load_draft(spec, target_cfg, load_format, seed)
@@ -158,7 +157,7 @@ class LLM:
         if dcfg is not None:
             per_page += attention.page_bytes(1, dcfg.layer_config().kv_heads_per_shard, cfg.page_size,
                                              dcfg.head_dim, dtype)
-        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+        limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
         if kv_cache_memory_bytes is not None:
             if not isinstance(kv_cache_memory_bytes, int) or kv_cache_memory_bytes <= 0:
                 raise ValueError(f"kv_cache_memory_bytes must be a positive integer, got {kv_cache_memory_bytes!r}")

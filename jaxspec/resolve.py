@@ -58,8 +58,7 @@ def resolve_model(model: str | Path, weights_dir: str | Path | None = None) -> M
     preset = None
     if not path.exists():
         if str(model) not in presets.list_presets():
-            raise ValueError(f"model {str(model)!r} is neither a directory nor a known preset "
-                             f"({presets.list_presets()})")
+            raise ValueError(f"{model}: no such preset, and no such directory (presets: {presets.list_presets()})")
         preset = str(model)
         path = presets.fetch_preset(preset, weights_dir)
     weights = weights_of(path)

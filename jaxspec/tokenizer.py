@@ -1,37 +1,67 @@
-"""The model's tokenizer and its end-of-sequence token ids, found beside the weights (jaxspec.resolve.beside)."""
+"""A model's tokenizer and EOS ids, found next to its weights; errors name the file.
+
+A converted checkpoint keeps its tokenizer in a sibling `hf/` directory (presets: `weights/<name>/{ckpt,hf}`): the
+places searched are jaxspec.resolve.beside's.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from jaxspec import resolve
+from jaxspec.json_config import read_int, read_json, read_list
+
+_JSON_FILES = (*resolve.TOKENIZER_FILES, "special_tokens_map.json")
 
 
-def load_tokenizer(path: str | Path, must_exist: bool = False) -> Any | None:
-    """The tokenizer (transformers) beside a model, or None when there is none (token-id-only use).
-    `must_exist`: the path was given as the tokenizer's, so a missing one is an error naming it."""
+def load_tokenizer(path: str | Path, required: bool = False) -> Any | None:
+    """The tokenizer (transformers) of a model directory, or None when it ships none (token-id-only use).
+
+    `required`: the path was given explicitly (`LLM(tokenizer=...)`), so it must exist and hold a tokenizer."""
     path = Path(path)
-    if must_exist and not path.exists():
-        raise ValueError(f"tokenizer {str(path)!r}: no such file or directory")
+    if required and not path.exists():
+        raise ValueError(f"{path}: tokenizer path does not exist")
     d = resolve.find_beside(path, *resolve.TOKENIZER_FILES)
     if d is None:
-        if must_exist:
-            raise ValueError(f"tokenizer {str(path)!r}: no {' or '.join(resolve.TOKENIZER_FILES)} there")
+        if required:
+            raise ValueError(f"{path}: no tokenizer here ({' or '.join(resolve.TOKENIZER_FILES)})")
         return None
+    for name in _JSON_FILES:  # bad JSON is named by its file, not by transformers' parser
+        if (d / name).exists():
+            read_json(d / name)
+    return from_pretrained(d, str(d))
+
+
+def from_pretrained(source: Path, *args, **kwargs) -> Any:
+    """`AutoTokenizer.from_pretrained(*args, **kwargs)`, whose failures on a bad file are ValueErrors naming
+    `source` (transformers raises whatever its parsers do: KeyError, TypeError, the tokenizers parser's bare
+    Exception)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(d))
+    try:
+        return AutoTokenizer.from_pretrained(*args, **kwargs)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as e:
+        raise ValueError(f"{source}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        if type(e) is not Exception:  # only the bare Exception of the tokenizers (Rust) parser is the file's fault
+            raise
+        raise ValueError(f"{source}: not a valid tokenizer ({e})") from None
 
 
 def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
-    """generation_config.json's eos_token_id (one id or a list) and the tokenizer's."""
+    """EOS ids from the first generation_config.json found (an id or a list of ids) and the tokenizer's own."""
     ids: set[int] = set()
     for d in resolve.beside(Path(path)):
-        gen = d / "generation_config.json"
-        if gen.exists():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        gen_file = d / "generation_config.json"
+        if gen_file.exists():
+            gen = read_json(gen_file)
+            if isinstance(gen.get("eos_token_id"), list):
+                eos = read_list(gen, "eos_token_id", gen_file, int)
+                if any(i < 0 for i in eos):
+                    raise ValueError(f"{gen_file}: field 'eos_token_id' has negative ids {eos}")
+            else:
+                eos = [i for i in [read_int(gen, "eos_token_id", gen_file, default=None, minimum=0)] if i is not None]
+            ids |= set(eos)
             break
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)

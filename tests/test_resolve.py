@@ -52,7 +52,7 @@ def test_a_copied_model_is_not_a_preset(fake_preset, tmp_path):
 
 
 def test_errors_name_the_model(tmp_path):
-    with pytest.raises(ValueError, match=r"'no-such-model' is neither a directory nor a known preset"):
+    with pytest.raises(ValueError, match=r"no-such-model: no such preset, and no such directory"):
         resolve_model("no-such-model")
     with pytest.raises(ValueError, match=rf"{tmp_path}: neither a jaxspec checkpoint .* nor a preset's weights"):
         load_model(tmp_path)

@@ -109,7 +109,7 @@ def test_bad_engine_arguments_are_rejected_naming_them(weights):
                         (dict(memory_fraction=0), "memory_fraction"), (dict(max_num_seqs=0), "max_num_seqs"),
                         (dict(num_pages=-1), "num_pages"), (dict(decode_buckets=[0, 4]), "decode_buckets"),
                         (dict(warmup="yes"), "warmup"), (dict(kv_cache_memory_bytes=-5), "kv_cache_memory_bytes"),
-                        (dict(tokenizer="/nonexistent/typo"), "typo")]:
+                        (dict(tokenizer="/nonexistent/typo"), "does not exist")]:
         with pytest.raises(ValueError, match=message):
             make_llm(weights, **kw)
     with pytest.raises(ValueError, match="dtype"):

@@ -10,6 +10,7 @@ interpreter's site-packages, not this venv's.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -67,8 +68,9 @@ def test_wheel_ships_presets_and_heads_and_no_weights(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on the path looks installed
     subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=120, env=clean)
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
     (site / "parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after the install: pip ignores it

@@ -3,13 +3,13 @@ runs before jax claims the GPU, and it needs the prompts)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxspec.chat import encode_chat
+from jaxspec.json_config import parse_json, read_json
 
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
           "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5}
@@ -52,7 +52,7 @@ def load_hf_config(name_or_path: str) -> tuple[str, dict]:
         raise ValueError(f"--hf-config {name_or_path!r}: neither a built-in name ({sorted(HF_CONFIGS)}) "
                          "nor a config.json")
     label = path.parent.name if path.name == "config.json" else path.stem
-    return label, json.loads(path.read_text())
+    return label, read_json(path)
 
 
 def random_prompts(n: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -87,8 +87,8 @@ def dataset_prompts(path: str | Path, n: int, tokenizer: Any) -> list[list[int]]
         raise ValueError(f"--dataset {path}: text prompts need a tokenizer (pass --tokenizer)")
     convs = []
     with open(path) as f:
-        for line in f:
-            if line.strip() and (msgs := _messages(json.loads(line))):
+        for lineno, line in enumerate(f, 1):
+            if line.strip() and (msgs := _messages(parse_json(line, f"{path}:{lineno}"))):
                 convs.append(msgs)
             if len(convs) == n:
                 break

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from jaxspec import compile_cache
 from jaxspec.bench import data, report
+from jaxspec.json_config import read_json, read_json_arg
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -148,10 +149,10 @@ def model_source(args) -> ModelSource:
 
     files = resolve_model(args.model)
     if files.hf_dir is not None:
-        hf = json.loads((files.hf_dir / "config.json").read_text())
+        hf = read_json(files.hf_dir / "config.json")
     else:
         config = files.weights / CONFIG_FILE
-        hf = config_from_json(json.loads(config.read_text()), config).to_hf()
+        hf = config_from_json(read_json(config), config).to_hf()
     tok = args.tokenizer or (str(files.tokenizer) if files.tokenizer else None)
     return ModelSource(Path(args.model).name, files.weights, files.hf_dir, hf, tok)
 
@@ -166,8 +167,7 @@ def parse_spec(args) -> dict | None:
             raise ValueError(f"--synthetic-acceptance must be in [0, 1], got {args.synthetic_acceptance}")
     if not args.speculative_config:
         return None
-    s = args.speculative_config
-    spec = json.loads(Path(s).read_text() if s.endswith(".json") and Path(s).exists() else s)
+    spec = read_json_arg(args.speculative_config, "--speculative-config")
     spec.setdefault("method", "eagle")
     if args.load_format == "dummy":
         spec.setdefault("model", "dummy")

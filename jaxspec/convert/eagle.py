@@ -23,7 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.convert.tensors import read_safetensors
+from jaxspec.json_config import read_bool, read_dict, read_int, read_json, read_list
 from jaxspec.models import llama
 from jaxspec.models.eagle import EagleConfig, EagleWeights, abstract, default_aux_layers
 
@@ -75,7 +77,8 @@ def _detect_method(hf: dict, keys: set[str], method: str | None, source: str) ->
         raise ValueError(f"unknown EAGLE method {method!r} (expected 'eagle' or 'eagle3')")
     by_keys = ("eagle3" if any(k.startswith("midlayer.") for k in keys)
                else "eagle" if any(k.startswith("layers.0.") for k in keys) else None)
-    by_config = "eagle3" if any("Eagle3" in a for a in hf.get("architectures") or []) else None
+    archs = read_list(hf, "architectures", source, str, default=[])
+    by_config = "eagle3" if any("Eagle3" in a for a in archs) else None
     if by_keys is None:
         raise ValueError(f"{source}: neither EAGLE-1 (layers.0.*) nor EAGLE-3 (midlayer.*) tensors found")
     if by_config == "eagle3" and by_keys != "eagle3":
@@ -87,11 +90,13 @@ def _detect_method(hf: dict, keys: set[str], method: str | None, source: str) ->
 
 
 def _aux_layers(hf: dict, target: llama.Config, source: str) -> tuple[int, ...]:
-    nested = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    key = "eagle_aux_hidden_state_layer_ids"
+    nested = read_list(read_dict(hf, "eagle_config", source), key, f"{source}: eagle_config", int, default=None)
+    top = read_list(hf, key, source, int, default=None)
     if nested is not None:
-        aux = tuple(int(i) + 1 for i in nested)  # output-of-layer ids (sglang/SpecForge) -> input-of-layer
-    elif hf.get("eagle_aux_hidden_state_layer_ids") is not None:
-        aux = tuple(int(i) for i in hf["eagle_aux_hidden_state_layer_ids"])  # vLLM: already input-of-layer
+        aux = tuple(i + 1 for i in nested)  # output-of-layer ids (sglang/SpecForge) -> input-of-layer
+    elif top is not None:
+        aux = tuple(top)  # vLLM: already input-of-layer
     else:
         aux = default_aux_layers(target.num_layers)
     bad = [i for i in aux if not 0 <= i < target.num_layers]
@@ -105,7 +110,7 @@ def head_config(hf: dict, keys: set[str], target: llama.Config, method: str | No
                 source: str = "config.json") -> EagleConfig:
     """EagleConfig from the head's config.json dict and its tensor names, checked against the target."""
     method = _detect_method(hf, keys, method, source)
-    if int(hf.get("num_hidden_layers", 1)) != 1:
+    if read_int(hf, "num_hidden_layers", source, default=1) != 1:
         raise ValueError(f"{source}: num_hidden_layers={hf['num_hidden_layers']}; only one-layer heads are supported")
     # llama.Config.from_hf parses heads, head_dim and RoPE (incl. Llama 3 scaling) the same way as the target's.
     lc = llama.Config.from_hf({**hf, "architectures": ["LlamaForCausalLM"], "model_type": "llama"},
@@ -113,21 +118,25 @@ def head_config(hf: dict, keys: set[str], target: llama.Config, method: str | No
     for name, head_v, target_v in (("hidden_size", lc.hidden_size, target.hidden_size),
                                    ("vocab_size", lc.vocab_size, target.vocab_size),
                                    ("head_dim", lc.head_dim, target.head_dim),
-                                   ("target_hidden_size", int(hf.get("target_hidden_size") or lc.hidden_size),
-                                    target.hidden_size)):
+                                   ("target_hidden_size", read_int(hf, "target_hidden_size", source,
+                                                                   default=lc.hidden_size), target.hidden_size)):
         if head_v != target_v:
             raise ValueError(f"{source}: head {name}={head_v} but the target has {target_v}: "
                              "this EAGLE head was trained for another model")
-    bias = hf.get("bias")
-    fc_bias = "fc.bias" in keys if bias is None else bool(bias)
-    draft_vocab = int(hf.get("draft_vocab_size") or lc.vocab_size) if method == "eagle3" else lc.vocab_size
-    return EagleConfig(
-        method=method, hidden_size=lc.hidden_size, intermediate_size=lc.intermediate_size, num_heads=lc.num_heads,
-        num_kv_heads=lc.num_kv_heads, head_dim=lc.head_dim, vocab_size=lc.vocab_size, draft_vocab_size=draft_vocab,
-        rms_norm_eps=lc.rms_norm_eps, rope_theta=lc.rope_theta, rope_scaling=lc.rope_scaling,
-        aux_layers=_aux_layers(hf, target, source) if method == "eagle3" else (), fc_bias=fc_bias,
-        own_embed="embed_tokens.weight" in keys, max_position_embeddings=lc.max_position_embeddings,
-        dtype=target.dtype, attn_impl=target.attn_impl)
+    fc_bias = read_bool(hf, "bias", source, default="fc.bias" in keys)
+    draft_vocab = read_int(hf, "draft_vocab_size", source, default=lc.vocab_size) if method == "eagle3" \
+        else lc.vocab_size
+    aux_layers = _aux_layers(hf, target, source) if method == "eagle3" else ()
+    try:
+        return EagleConfig(
+            method=method, hidden_size=lc.hidden_size, intermediate_size=lc.intermediate_size,
+            num_heads=lc.num_heads, num_kv_heads=lc.num_kv_heads, head_dim=lc.head_dim, vocab_size=lc.vocab_size,
+            draft_vocab_size=draft_vocab, rms_norm_eps=lc.rms_norm_eps, rope_theta=lc.rope_theta,
+            rope_scaling=lc.rope_scaling, aux_layers=aux_layers, fc_bias=fc_bias,
+            own_embed="embed_tokens.weight" in keys, max_position_embeddings=lc.max_position_embeddings,
+            dtype=target.dtype, attn_impl=target.attn_impl)
+    except ValueError as e:  # EagleConfig's own checks (aux layers strictly increasing, ...)
+        raise ValueError(f"{source}: {e}") from None
 
 
 def _check_tensors(tensors: dict[str, np.ndarray], cfg: EagleConfig, source: str) -> None:
@@ -174,8 +183,7 @@ def load_eagle(path: str, target_cfg: llama.Config, method: str | None = None) -
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise ValueError(f"{path}: no config.json")
-    with open(config_path) as f:
-        hf = json.load(f)
+    hf = read_json(config_path)
     source, tensors = _read_tensors(path)
     cfg = head_config(hf, set(tensors), target_cfg, method, source=config_path)
     _check_tensors(tensors, cfg, source)
@@ -232,8 +240,8 @@ def _to_hf_config(cfg: EagleConfig) -> dict:
 
 def save_eagle(path: str, cfg: EagleConfig, weights: EagleWeights) -> None:
     """Write `config.json` + `model.safetensors` in the layout `load_eagle` reads (EAGLE-1 with the .bin's key
-    names, EAGLE-3 as SpecForge exports), so trained heads load here and in EAGLE/sglang-style loaders."""
-    os.makedirs(path, exist_ok=True)
+    names, EAGLE-3 as SpecForge exports), so trained heads load here and in EAGLE/sglang-style loaders. The
+    directory is replaced only when complete."""
     w = {k: (None if v is None else np.asarray(v)) for k, v in vars(weights).items()}
     p, q_size, kv_size = _prefix(cfg.method), cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     q, k, v = np.split(w["wqkv"], [q_size, q_size + kv_size], axis=1)
@@ -255,7 +263,7 @@ def save_eagle(path: str, cfg: EagleConfig, weights: EagleWeights) -> None:
         t2d[np.arange(cfg.draft_vocab_size) + d2t] = True
         out |= {f"{p}input_layernorm.weight": w["input_norm"], f"{p}hidden_norm.weight": w["hidden_norm"],
                 "norm.weight": w["final_norm"], "lm_head.weight": w["lm_head"].T, "d2t": d2t, "t2d": t2d}
-    save_file({name: np.ascontiguousarray(t) for name, t in out.items()}, os.path.join(path, SAFETENSORS),
-              metadata={"format": "pt"})
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(_to_hf_config(cfg), f, indent=2)
+    with atomic_dir(path) as tmp:
+        save_file({name: np.ascontiguousarray(t) for name, t in out.items()}, tmp / SAFETENSORS,
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(_to_hf_config(cfg), indent=2))

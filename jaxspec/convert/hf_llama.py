@@ -7,6 +7,7 @@ the stacked weights, and both directions (load and save) read it, so they cannot
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -15,13 +16,15 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.convert.tensors import Tensor, read_checkpoint
+from jaxspec.json_config import read_json
 from jaxspec.models import llama
 from jaxspec.models.llama import Config, Layers, Weights
 
 # Keys HF checkpoints may carry that hold nothing we need (old Llama checkpoints saved the RoPE table).
 IGNORED_KEYS = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
-LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
+LAYER_KEY = re.compile(r"model\.layers\.(0|[1-9]\d{0,8})\.(.+)")  # one spelling per layer index
 
 
 def layer_slots(cfg: Config) -> dict[str, tuple[str, slice | None, tuple[int, ...]]]:
@@ -52,15 +55,10 @@ def global_slots(cfg: Config) -> dict[str, tuple[str, bool, tuple[int, ...]]]:
 def read_config(model_dir: Path, dtype: str) -> Config:
     path = model_dir / "config.json"
     try:
-        hf = json.loads(path.read_text())
+        hf = read_json(path)
     except FileNotFoundError:
         raise ValueError(f"{path}: missing (not a Hugging Face model directory)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    try:
-        return Config.from_hf(hf, dtype=dtype, source=str(path))
-    except KeyError as e:
-        raise ValueError(f"{path}: required field {e.args[0]!r} is missing") from None
+    return Config.from_hf(hf, dtype=dtype, source=str(path))
 
 
 def _check_shape(t: Tensor, name: str, shape: tuple[int, ...]) -> None:
@@ -81,42 +79,53 @@ def _check_tied_head(cfg: Config, tensors: dict[str, Tensor]) -> None:
 def weights_from_hf(cfg: Config, tensors: dict[str, Tensor], source: str | Path) -> Weights:
     """Assemble stacked numpy `Weights` in `cfg.dtype`; every HF tensor must be mapped exactly once.
 
-    `source` names the checkpoint (directory or file) in the error for missing tensors.
+    Every name and shape is checked before anything is allocated, so a config whose sizes the checkpoint does
+    not hold (a million layers, say) is an error, not a memory blow-up. `source` names the checkpoint (directory
+    or file) in the error for missing tensors.
     """
     dtype = np.dtype(cfg.jnp_dtype)
     tensors = dict(tensors)
     _check_tied_head(cfg, tensors)
     per_layer, top = layer_slots(cfg), global_slots(cfg)
-    stacked = {k: np.zeros(v.shape, dtype) for k, v in vars(llama.abstract(cfg).layers).items()}
-    out: dict = {}
-    seen = set()
+    placed = []  # (tensor, layer index or None, slot)
     for name, t in tensors.items():
         m = LAYER_KEY.fullmatch(name)
         if m and int(m[1]) < cfg.num_layers and m[2] in per_layer:
-            field, cols, shape = per_layer[m[2]]
-            _check_shape(t, name, shape)
-            dst = stacked[field][int(m[1])]
-            if cols is None:
-                dst[...] = t.array
-            else:
-                dst[:, cols] = t.array.T
+            placed.append((t, int(m[1]), per_layer[m[2]]))
         elif name in top:
-            field, transposed, shape = top[name]
-            _check_shape(t, name, shape)
-            out[field] = np.ascontiguousarray(t.array.T if transposed else t.array, dtype=dtype)
+            placed.append((t, None, top[name]))
         elif IGNORED_KEYS.fullmatch(name):
             continue
         else:
             raise ValueError(f"{t.file}: unexpected tensor {name!r} (not part of a {cfg.num_layers}-layer "
                              "LlamaForCausalLM)")
-        seen.add(name)
-    expected = set(top) | {f"model.layers.{i}.{s}" for i in range(cfg.num_layers) for s in per_layer}
-    missing = sorted(expected - seen, key=_natural)
-    if missing:
-        raise ValueError(f"{source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''} "
-                         f"({len(missing)} of {len(expected)})")
+        _check_shape(t, name, placed[-1][2][2])
+    _check_complete(cfg, {name for name in tensors if not IGNORED_KEYS.fullmatch(name)}, source)
+    stacked = {k: np.zeros(v.shape, dtype) for k, v in vars(llama.abstract(cfg).layers).items()}
+    out: dict = {}
+    for t, layer, (field, where, _) in placed:
+        if layer is None:
+            out[field] = np.ascontiguousarray(t.array.T if where else t.array, dtype=dtype)
+        elif where is None:
+            stacked[field][layer][...] = t.array
+        else:
+            stacked[field][layer][:, where] = t.array.T
     return Weights(embed=out["embed"], layers=Layers(**stacked), final_norm=out["final_norm"],
                    lm_head=out.get("lm_head"))
+
+
+def _check_complete(cfg: Config, seen: set[str], source: str | Path) -> None:
+    """`seen` (names already known to map to a slot) must cover every slot; the first few missing are named
+    without listing all of a config's slots (a corrupt layer count can make them billions)."""
+    per_layer, top = layer_slots(cfg), global_slots(cfg)
+    expected = len(top) + cfg.num_layers * len(per_layer)
+    if len(seen) == expected:
+        return
+    slots = itertools.chain(sorted(top), (f"model.layers.{i}.{s}" for i in range(cfg.num_layers)
+                                          for s in sorted(per_layer)))
+    missing = list(itertools.islice((n for n in slots if n not in seen), 8))
+    more = " ..." if expected - len(seen) > len(missing) else ""
+    raise ValueError(f"{source}: missing tensors {missing}{more} ({expected - len(seen)} of {expected})")
 
 
 def hf_tensors(cfg: Config, w: Weights) -> dict[str, np.ndarray]:
@@ -141,14 +150,10 @@ def load_hf_llama(path: str | Path, dtype: str = "float32") -> tuple[Config, Wei
 
 
 def save_hf_llama(cfg: Config, w: Weights, path: str | Path, extra_config: dict | None = None) -> None:
-    """Write `config.json` (plus `extra_config`, e.g. token ids) and one `model.safetensors`."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    """Write `config.json` (plus `extra_config`, e.g. token ids) and one `model.safetensors` into a new `path`
+    (replacing any older one only when complete)."""
     dtype = jax.tree.leaves(w)[0].dtype
     hf = {**cfg.to_hf(), "dtype": str(np.dtype(dtype)), **(extra_config or {})}
-    save_file(hf_tensors(cfg, w), path / "model.safetensors", metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-
-
-def _natural(name: str) -> list:
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+    with atomic_dir(path) as tmp:
+        save_file(hf_tensors(cfg, w), tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

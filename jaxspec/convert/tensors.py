@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.convert.torch_bin import load_torch_bin
+from jaxspec.json_config import read_dict, read_json, show
 
 SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
@@ -41,7 +42,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: truncated safetensors file (header of {header_len} bytes, file {data.size})")
     try:
         header = json.loads(bytes(data[8:8 + header_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{path}: corrupt safetensors header: {e}") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header (not a JSON object)")
@@ -49,31 +50,41 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     body = data[8 + header_len:]
     out = {}
     for name, info in header.items():
-        try:
-            dtype = np.dtype(SAFETENSORS_DTYPES[info["dtype"]])
-            shape = tuple(int(n) for n in info["shape"])
-            start, end = (int(n) for n in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: tensor {name!r} has a bad header entry {info!r} ({e!r})") from None
+        dtype, shape, (start, end) = _entry(info, path, name)
         if end > body.size:
             raise ValueError(f"{path}: tensor {name!r} is truncated (its data ends at byte {end} of the data "
                              f"section, which has {body.size})")
-        if end - start != math.prod(shape) * dtype.itemsize or start < 0:
+        if end - start != math.prod(shape) * dtype.itemsize:
             raise ValueError(f"{path}: tensor {name!r} spans {end - start} bytes, {shape} {dtype} needs "
                              f"{math.prod(shape) * dtype.itemsize}")
         out[name] = body[start:end].view(dtype).reshape(shape)
     return out
 
 
+def _entry(info, path: Path, name: str) -> tuple[np.dtype, tuple[int, ...], tuple[int, int]]:
+    """(dtype, shape, (start, end)) of one header entry: a known dtype, sizes and offsets that are non-negative
+    integers (not bools or floats), start <= end."""
+    def indices(v) -> bool:
+        return isinstance(v, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)
+
+    ok = (isinstance(info, dict) and info.get("dtype") in SAFETENSORS_DTYPES and indices(info.get("shape"))
+          and indices(info.get("data_offsets")) and len(info["data_offsets"]) == 2
+          and info["data_offsets"][0] <= info["data_offsets"][1])
+    if not ok:
+        raise ValueError(f"{path}: tensor {show(name)} has a bad header entry {show(info)}")
+    return np.dtype(SAFETENSORS_DTYPES[info["dtype"]]), tuple(info["shape"]), tuple(info["data_offsets"])
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The weight files of an HF directory, in order of preference: safetensors (single or sharded), then .bin."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: not a safetensors index ({e!r})") from None
-        shards = sorted(set(weight_map.values()))
+        weight_map = read_dict(read_json(index), "weight_map", index)
+        shards = sorted(set(weight_map.values()), key=str)
+        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s or s in ("", ".", "..")]
+        if not weight_map or bad:
+            raise ValueError(f"{index}: 'weight_map' must map tensor names to shard file names in this directory, "
+                             f"got {show(bad or weight_map)}")
         missing = [s for s in shards if not (model_dir / s).exists()]
         if missing:
             raise ValueError(f"{index}: shards {missing} are missing")

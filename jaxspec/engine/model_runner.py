@@ -71,7 +71,7 @@ class ModelRunner:
             # committed to one device, as every step's outputs are: jit compiles committed and uncommitted inputs
             # separately, so uncommitted first inputs would cost an extra compile during generation
             self.tw, self.dw, self.caches, self.state = jax.device_put(
-                (self.tw, self.dw, self.caches, self.state), jax.devices()[0])
+                (self.tw, self.dw, self.caches, self.state), jax.local_devices()[0])
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
         self._called: set[tuple] = set()  # (step, bucket, all_greedy, filtered) of the programs called so far
@@ -93,10 +93,10 @@ class ModelRunner:
         if any(x.is_deleted() for x in jax.tree.leaves(self.caches)):
             self.caches = self._new_caches()
             if self._shardings is None:
-                self.caches = jax.device_put(self.caches, jax.devices()[0])
+                self.caches = jax.device_put(self.caches, jax.local_devices()[0])
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
             self.state = SlotState.init(self.num_slots, self.k)
-            self.state = (jax.device_put(self.state, jax.devices()[0]) if self._shardings is None
+            self.state = (jax.device_put(self.state, jax.local_devices()[0]) if self._shardings is None
                           else parallel.place(self.state, self._shardings.replicated))
 
     # ---- building the host arrays

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models.arrays import EMBED, FFW, GATE_UP, HEADS, LAYERS, QKV, VOCAB, ArrayInfo, init_tree
+from jaxspec.json_config import read_bool, read_dict, read_float, read_int, read_list, read_str
 from jaxspec.models.attention import AttnBatch, KVCache, attention, write_kv
 from jaxspec.models.kernel_config import KernelConfig
 
@@ -71,43 +72,63 @@ class Config:
 
     @classmethod
     def from_hf(cls, hf: dict, dtype: str = "float32", source: str = "config.json") -> "Config":
-        """Build from a Hugging Face `config.json` dict (both `rope_theta`/`rope_scaling` and `rope_parameters`)."""
-        archs = hf.get("architectures") or ["LlamaForCausalLM"]
-        model_type = hf.get("model_type", "llama")
+        """Build from a Hugging Face `config.json` dict (both `rope_theta`/`rope_scaling` and `rope_parameters`).
+
+        Every field is type- and range-checked: a ValueError names `source` and the field."""
+        if not isinstance(hf, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(hf).__name__}")
+        archs = read_list(hf, "architectures", source, str, default=None) or ["LlamaForCausalLM"]
+        model_type = read_str(hf, "model_type", source, default="llama")
         if model_type != "llama" or not any(a == "LlamaForCausalLM" for a in archs):
             raise ValueError(f"{source}: unsupported architecture {archs} (model_type={model_type!r}); "
                              "jaxspec serves LlamaForCausalLM")
         for flag in ("attention_bias", "mlp_bias"):
-            if hf.get(flag):
+            if read_bool(hf, flag, source, default=False):
                 raise ValueError(f"{source}: {flag}=true is not supported")
-        rope = dict(hf.get("rope_parameters") or {})
-        theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
-        scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        rope = read_dict(hf, "rope_parameters", source)
+        theta = read_float(rope, "rope_theta", f"{source}: rope_parameters",
+                           default=read_float(hf, "rope_theta", source, default=10000.0))
+        scaling = read_dict(hf, "rope_scaling", source) or (
+            rope if read_str(rope, "rope_type", f"{source}: rope_parameters", default="default") != "default"
+            else None)
         rope_scaling = None
         if scaling:
-            kind = scaling.get("rope_type", scaling.get("type"))
+            where = f"{source}: {'rope_scaling' if hf.get('rope_scaling') else 'rope_parameters'}"
+            kind = read_str(scaling, "rope_type", where, default=None) or read_str(scaling, "type", where, None)
             if kind != "llama3":
-                raise ValueError(f"{source}: rope scaling type {kind!r} is not supported (only 'llama3')")
+                raise ValueError(f"{where}: rope scaling type {kind!r} is not supported (only 'llama3')")
             keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
             missing = [k for k in keys if k not in scaling]
             if missing:
-                raise ValueError(f"{source}: llama3 rope scaling lacks {missing}")
-            rope_scaling = tuple((k, float(scaling[k])) for k in keys)
-        num_heads = int(hf["num_attention_heads"])
-        hidden = int(hf["hidden_size"])
+                raise ValueError(f"{where}: llama3 rope scaling lacks {missing}")
+            rope_scaling = tuple((k, read_float(scaling, k, where)) for k in keys)
+        num_heads = read_int(hf, "num_attention_heads", source)
+        num_kv_heads = read_int(hf, "num_key_value_heads", source, default=num_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{source}: num_key_value_heads={num_kv_heads} does not divide "
+                             f"num_attention_heads={num_heads}")
+        hidden = read_int(hf, "hidden_size", source)
+        head_dim = read_int(hf, "head_dim", source, default=None)
+        if head_dim is None:
+            if hidden % num_heads:
+                raise ValueError(f"{source}: hidden_size={hidden} is not a multiple of num_attention_heads="
+                                 f"{num_heads}, and head_dim is not given")
+            head_dim = hidden // num_heads
+        if head_dim % 2:
+            raise ValueError(f"{source}: head_dim={head_dim} is odd (RoPE rotates pairs of dimensions)")
         return cls(
-            vocab_size=int(hf["vocab_size"]),
+            vocab_size=read_int(hf, "vocab_size", source),
             hidden_size=hidden,
-            intermediate_size=int(hf["intermediate_size"]),
-            num_layers=int(hf["num_hidden_layers"]),
+            intermediate_size=read_int(hf, "intermediate_size", source),
+            num_layers=read_int(hf, "num_hidden_layers", source),
             num_heads=num_heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-            head_dim=int(hf.get("head_dim") or hidden // num_heads),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=read_float(hf, "rms_norm_eps", source, default=1e-5),
             rope_theta=theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=read_bool(hf, "tie_word_embeddings", source, default=False),
+            max_position_embeddings=read_int(hf, "max_position_embeddings", source, default=2048),
             dtype=dtype,
         )
 

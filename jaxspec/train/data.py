@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.chat import encode_chat
+from jaxspec.json_config import parse_json
 from jaxspec.models import llama
 from jaxspec.models.attention import AttnBatch, init_cache
 
@@ -94,7 +95,7 @@ def read_prompts(paths: list[str | Path], num_prompts: int | None = None) -> lis
                 if num_prompts is not None and len(prompts) >= num_prompts:
                     return prompts
                 if line.strip():
-                    prompts.append(prompt_text(json.loads(line), f"{path}:{n}"))
+                    prompts.append(prompt_text(parse_json(line, f"{path}:{n}"), f"{path}:{n}"))
     return prompts
 
 

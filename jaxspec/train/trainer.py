@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from jaxspec.atomic import atomic_dir
 from jaxspec.models import eagle, llama
 from jaxspec.train.data import TokenDataset, draft_vocab
 from jaxspec.train.losses import Frozen, LossConfig, eagle_loss
@@ -288,14 +289,16 @@ class StepBudget:
 
 def export_head(path: str | Path, head_cfg: eagle.EagleConfig, weights: eagle.EagleWeights,
                 dtype: str = "bfloat16", info: dict | None = None) -> Path:
-    """`save_eagle` in `dtype` (config.json + model.safetensors), plus `training.json` when `info` is given."""
+    """`save_eagle` in `dtype` (config.json + model.safetensors), plus `training.json` when `info` is given; the
+    directory appears (replacing an older one) only when all of it is written."""
     from jaxspec.convert.eagle import save_eagle
 
     path = Path(path)
     cast = lambda a: a.astype(dtype) if a is not None and jnp.issubdtype(a.dtype, jnp.floating) else a
-    save_eagle(str(path), head_cfg.replace(dtype=dtype), jax.tree.map(cast, weights))
-    if info is not None:
-        (path / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    with atomic_dir(path) as tmp:
+        save_eagle(str(tmp), head_cfg.replace(dtype=dtype), jax.tree.map(cast, weights))
+        if info is not None:
+            (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     return path
 
 
