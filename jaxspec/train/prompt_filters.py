@@ -31,6 +31,9 @@ class FilterConfig:
     overlap_ngram: int = 10
 
 
+_LETTER, _SPACE = re.compile(r"[^\W\d_]"), re.compile(r"\s")
+
+
 def normalize(text: str) -> str:
     """Case, width and punctuation folded away: the form duplicates are compared in."""
     folded = unicodedata.normalize("NFKC", text).lower()
@@ -55,8 +58,7 @@ def quality_reason(text: str, cfg: FilterConfig = FilterConfig()) -> str | None:
         return "too_short"
     if len(text) > cfg.max_chars:
         return "too_long"
-    visible = [c for c in text if not c.isspace()]
-    if sum(c.isalpha() for c in visible) < cfg.min_letter_fraction * len(visible):
+    if len(_LETTER.findall(text)) < cfg.min_letter_fraction * (len(text) - len(_SPACE.findall(text))):
         return "non_text"
     trigrams = _ngrams(words, 3)
     if len(trigrams) >= 4 and 1 - len(set(trigrams)) / len(trigrams) > cfg.max_repeated_trigrams:
@@ -73,13 +75,12 @@ class Deduplicator:
     probability 0.99 (0.5: 0.64), and candidates are confirmed by their exact Jaccard, so nothing below the threshold
     is ever dropped.
     """
-    _PRIME = (1 << 31) - 1
-
     def __init__(self, threshold: float = 0.7, bands: int = 16, rows: int = 4):
         rng = np.random.default_rng(20240612)
         self.threshold, self.bands, self.rows = threshold, bands, rows
-        self._a = rng.integers(1, self._PRIME, bands * rows, dtype=np.uint64)
-        self._b = rng.integers(0, self._PRIME, bands * rows, dtype=np.uint64)
+        # multiply-shift hashing: odd 64-bit multipliers, wrapping uint64 arithmetic, the top 32 bits
+        self._a = rng.integers(0, 2**63, bands * rows, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self._b = rng.integers(0, 2**63, bands * rows, dtype=np.uint64)
         self._exact: set[str] = set()
         self._buckets: list[dict[bytes, list[int]]] = [{} for _ in range(bands)]
         self._shingles: list[frozenset[int]] = []
@@ -103,9 +104,9 @@ class Deduplicator:
 
     def _band_keys(self, shingles: frozenset[int]) -> list[bytes]:
         h = np.fromiter(shingles, np.uint64, len(shingles)) if shingles else np.zeros(1, np.uint64)
-        # a * h < 2**31 * 2**32: no uint64 overflow
-        signature = ((self._a[None, :] * h[:, None] + self._b[None, :]) % np.uint64(self._PRIME)).min(axis=0)
-        return [band.tobytes() for band in signature.reshape(self.bands, self.rows)]
+        signature = ((np.multiply.outer(h, self._a) + self._b) >> np.uint64(32)).min(axis=0)  # [bands * rows]
+        raw, width = signature.tobytes(), self.rows * signature.itemsize
+        return [raw[i * width:(i + 1) * width] for i in range(self.bands)]
 
 
 def _jaccard(a: frozenset[int], b: frozenset[int]) -> float:
