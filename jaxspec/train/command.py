@@ -1,8 +1,9 @@
 """`jaxspec train-eagle`: regenerate data with the target (or load it from --dataset-cache), train, export.
 
     jaxspec train-eagle --model smollm2-135m-instruct --method eagle3 --data self:10000 --data gsm8k_train.jsonl \
-        --exclude gsm8k_test.jsonl --prompts-out data/self-prompts --max-tokens 384 --seq-len 512 --steps 20000 \
-        --batch-size 32 --lr 3e-4 --out weights/eagle3-smollm2 --ckpt-dir /tmp/ckpt --dataset-cache /tmp/mix.npz
+        --exclude gsm8k_test.jsonl --prompts-out weights/.cache/self-prompts --max-tokens 384 --seq-len 512 \
+        --steps 20000 --batch-size 32 --lr 3e-4 --out weights/eagle3-smollm2 --ckpt-dir /tmp/ckpt \
+        --dataset-cache /tmp/mix.npz
 
 `--data self:N` has the target write N user prompts itself (magpie.py); their held-out split stays in
 `--prompts-out` for evaluation. All sources are deduplicated together before the answers are regenerated.

@@ -2,7 +2,7 @@
 model given its chat template up to the start of a user turn (the "pre-query template") writes a plausible user
 request, and stops at its end-of-turn token.
 
-    jaxspec make-prompts --model smollm2-135m-instruct --num-prompts 10000 --out data/self-prompts \
+    jaxspec make-prompts --model smollm2-135m-instruct --num-prompts 10000 --out weights/.cache/self-prompts \
         --exclude gsm8k_test.jsonl
 
 The pre-query template comes from the tokenizer's own chat template (a conversation whose user turn is a sentinel,
