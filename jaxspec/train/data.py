@@ -139,6 +139,11 @@ def generation_llm(model: str | Path, max_model_len: int, max_num_seqs: int, see
                prefill_buckets=[prefill], decode_buckets=[max_num_seqs], warmup=False)
 
 
+# Prompts per chunk of a time-budgeted generation, in engine batches: a chunk's tail (its last sequences finishing
+# in a batch that is mostly padding) costs about max_tokens steps, so chunks are long; the last one is cut to fit.
+CHUNK_BATCHES = 16
+
+
 def generate_in_chunks(llm: Any, prompts: list, params: list, chunk_size: int, time_budget_s: float | None = None,
                        use_tqdm: bool = True) -> Iterator[tuple[int, list]]:
     """`llm.generate` over consecutive chunks, yielding (first index, outputs) in order. With a time budget (seconds
@@ -171,7 +176,8 @@ def generate_dataset(llm: Any, prompt_ids: list[list[int]], max_tokens: int, seq
 
     fit = [p for p in prompt_ids if len(p) < seq_len - 1]
     params = [SamplingParams(temperature=0, max_tokens=min(max_tokens, seq_len - len(p))) for p in fit]
-    chunk = chunk_size or (16 * llm.engine_config.max_num_seqs if time_budget_s is not None else max(len(fit), 1))
+    chunk = chunk_size or (CHUNK_BATCHES * llm.engine_config.max_num_seqs if time_budget_s is not None
+                           else max(len(fit), 1))
     pairs = [(list(p), list(o.outputs[0].token_ids))
              for lo, outs in generate_in_chunks(llm, fit, params, chunk, time_budget_s, use_tqdm)
              for p, o in zip(fit[lo:], outs)]

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.train.data import generate_in_chunks, read_prompts
+from jaxspec.train.data import CHUNK_BATCHES, generate_in_chunks, read_prompts
 from jaxspec.train.prompt_filters import (Deduplicator, FilterConfig, OverlapIndex, diversity_report, is_held_out,
                                           quality_reason)
 
@@ -168,7 +168,8 @@ def make_prompts(llm: Any, num_prompts: int, *, seed: int = 0, sampling: MagpieS
     kept: list[dict] = []
     drawn, start = 0, time.perf_counter()
     chunks = generate_in_chunks(llm, [pre[c].token_ids for c in cat], params,
-                                chunk_size or 8 * llm.engine_config.max_num_seqs, time_budget_s, use_tqdm)
+                                chunk_size or CHUNK_BATCHES * llm.engine_config.max_num_seqs, time_budget_s,
+                                use_tqdm)
     for lo, outs in chunks:
         for i, out in enumerate(outs, lo):
             drawn = i + 1
