@@ -81,15 +81,23 @@ def _train_eagle(args: argparse.Namespace) -> None:
 
 
 def add_train_eagle(sub: argparse._SubParsersAction) -> None:
+    from jaxspec.train import magpie
+
     p = sub.add_parser("train-eagle", help="train an EAGLE-1/EAGLE-3 draft head on the model's own answers")
     p.add_argument("--model", required=True, help="jaxspec checkpoint, HF Llama directory or preset name")
     p.add_argument("--method", default="eagle3", choices=["eagle", "eagle3"])
-    p.add_argument("--data", action="append", default=[], help="JSONL prompts (prompt/question/turns); repeatable")
+    p.add_argument("--data", action="append", default=[],
+                   help="JSONL prompts (prompt/question/turns), or self:N for N prompts the model writes itself "
+                   "(Magpie, see make-prompts); repeatable, deduplicated together")
     p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of the files (default all)")
+    p.add_argument("--prompts-out", help="with --data self:N: directory for its train / held-out prompt files "
+                   "(reused when it already holds them)")
     p.add_argument("--max-tokens", type=int, default=512, help="longest regenerated answer")
     p.add_argument("--seq-len", type=int, default=512, help="training row length (prompt + answer, padded)")
     p.add_argument("--dataset-cache", help=".npz of the token dataset: loaded if it exists, else written")
     p.add_argument("--gen-batch", type=int, default=256, help="max_num_seqs of the engine while regenerating")
+    p.add_argument("--gen-time-budget-s", type=float, default=None,
+                   help="wall-clock seconds for regenerating answers: prompts that no longer fit are left out")
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -114,7 +122,23 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
                    help="wall-clock seconds for the training loop: the schedule shrinks to the steps that fit")
     p.add_argument("--seed", type=int, default=0)
     compile_cache.add_argument(p)
+    magpie.add_arguments(p)
     p.set_defaults(func=_train_eagle)
+
+
+def add_make_prompts(sub: argparse._SubParsersAction) -> None:
+    from jaxspec.train import magpie
+
+    p = sub.add_parser("make-prompts", help="have a chat model write user prompts itself (Magpie), screened, with "
+                       "a held-out split")
+    p.add_argument("--model", required=True, help="jaxspec checkpoint, HF Llama directory or preset name")
+    p.add_argument("--num-prompts", type=int, required=True, help="prompts to keep (train + held out)")
+    p.add_argument("--out", required=True, help="directory for train.jsonl, held_out.jsonl and meta.json")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gen-batch", type=int, default=256, help="max_num_seqs of the engine")
+    p.add_argument("--target-dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    magpie.add_arguments(p)
+    p.set_defaults(func=magpie.run)
 
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
@@ -131,6 +155,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "convert": add_convert,
     "fetch": add_fetch,
     "train-eagle": add_train_eagle,
+    "make-prompts": add_make_prompts,
     "bench": add_bench,
 }
 

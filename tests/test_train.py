@@ -230,9 +230,37 @@ def test_time_budget_shortens_the_schedule(target, dataset):
 
     start = time.perf_counter()
     _, history = trainer.train_eagle(TINY, target, head_config("eagle"), dataset, 1_000_000, BATCH, 1e-2,
-                                     time_budget_s=6.0, progress=False)
+                                     time_budget_s=9.0, progress=False)
     wall = time.perf_counter() - start
     assert 30 < len(history) < 1_000_000
-    assert wall < 6.0 * 1.5 + 3  # data preparation before the loop is outside the budget
+    assert wall < 9.0 * 1.2 + 3  # data preparation before the loop is outside the budget
     lrs = [h["lr"] for h in history]
-    assert max(lrs) > 0.9e-2 and lrs[-1] < 0.05 * max(lrs)
+    # the peak is reached after the first estimate; how close depends on how much of the budget the compile took
+    assert max(lrs) > 0.5e-2 and lrs[-1] < 0.05 * max(lrs)
+
+
+def test_step_budget_follows_a_rate_that_drops(monkeypatch):
+    """A fake clock: compile 10 s, then 0.1 s per step, 0.25 s from step 300 on (another process starts sharing the
+    GPU). The re-estimates shorten the schedule again, so it ends inside the budget without the hard stop; a budget
+    the compile alone overruns hits the hard stop."""
+    now = [0.0]
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: now[0])
+
+    def simulate(seconds):
+        budget, end, step = trainer.StepBudget(seconds, 0), 1_000_000, 0
+        ends = []
+        while step < end:
+            now[0] += 10.0 if step == 0 else 0.1 if step < 300 else 0.25
+            step += 1
+            if budget.due(step) and (fits := budget.steps_that_fit(step)) is not None and fits < end:
+                end = max(step, fits)
+                ends.append(end)
+            if budget.spent():
+                return ends, step, "spent"
+        return ends, step, "schedule"
+
+    now[0] = 0.0
+    ends, step, why = simulate(100.0)
+    assert why == "schedule" and 90 < now[0] <= 100 and len(ends) > 3 and ends[-1] < ends[0] - 200
+    now[0] = 0.0
+    assert simulate(5.0)[1:] == (1, "spent")

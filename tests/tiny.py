@@ -32,14 +32,35 @@ def make_llm(weights: llama.Weights | None, tokenizer: Path | str | None = None,
 
 def write_char_tokenizer(path: Path, eos_token_id: int | None = None) -> Path:
     """A tokenizer.json whose vocabulary is CHARS (no merges, no spaces) plus a generation_config.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    return _write_tokenizer(path, CHARS, [], {"tokenizer_class": "PreTrainedTokenizerFast"}, eos_token_id)
 
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(CHARS)}, merges=[]))
+
+# A ChatML template as SmolLM2's, with a default system prompt the chat tokenizer can spell.
+CHATML = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
+          "{{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}{% endif %}"
+          "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def write_chat_tokenizer(path: Path) -> Path:
+    """A character tokenizer of TINY's vocabulary size with the ChatML template: 124 of CHARS, space (124) and
+    newline (125), then the special tokens <|im_start|> (126) and <|im_end|> (127, the EOS)."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+              "chat_template": CHATML}
+    return _write_tokenizer(path, CHARS[:124] + [" ", "\n"], ["<|im_start|>", "<|im_end|>"], config, 127)
+
+
+def _write_tokenizer(path: Path, chars: list[str], special: list[str], config: dict,
+                     eos_token_id: int | None) -> Path:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in special])
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_token_id}))
     return path
 

@@ -9,6 +9,8 @@ are not stored; the train step recomputes them from the frozen target (cheap nex
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -22,6 +24,7 @@ from jaxspec.chat import encode_chat
 from jaxspec.json_config import parse_json
 from jaxspec.models import llama
 from jaxspec.models.attention import AttnBatch, init_cache
+from jaxspec.train.prompt_filters import Deduplicator
 
 
 @dataclass
@@ -104,24 +107,83 @@ def chat_token_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     return [encode_chat(tokenizer, [{"role": "user", "content": text}]) for text in prompts]
 
 
-# ---------------------------------------------------------------- regenerating responses
+def mix_prompts(sources: list[tuple[str, list[str]]], seed: int,
+                near_duplicate_jaccard: float = 0.7) -> tuple[list[str], dict]:
+    """One training mix from several named prompt lists: exact and near duplicates dropped within and across
+    sources (the first occurrence, in source order, stays), then shuffled by `seed`, so that a time budget that cuts
+    the answers short still keeps every source's share. Returns (prompts, provenance)."""
+    dedup = Deduplicator(near_duplicate_jaccard)
+    kept: list[str] = []
+    counts: dict[str, dict] = {}
+    for name, prompts in sources:
+        mine = [p for p in prompts if dedup.add(p) is None]
+        counts[name] = {"num_prompts": len(prompts), "num_kept": len(mine)}
+        kept += mine
+    order = np.random.default_rng(seed).permutation(len(kept))
+    return [kept[i] for i in order], {"sources": counts, "num_duplicates": sum(len(p) for _, p in sources) - len(kept),
+                                      "near_duplicate_jaccard": near_duplicate_jaccard, "shuffle_seed": seed}
+
+
+# ---------------------------------------------------------------- generating with the engine
+
+def generation_llm(model: str | Path, max_model_len: int, max_num_seqs: int, seed: int = 0,
+                   dtype: str = "bfloat16") -> Any:
+    """A jaxspec `LLM` for one-off bulk generation: scanned layers (seconds to compile), one decode and one prefill
+    bucket, each program compiled on first use. A small target's step is launch-bound, so padding a batch's tail to
+    the full bucket costs about what the full batch does, and less than compiling more buckets would. A prefill
+    step carries up to 4,096 tokens (16 per slot for small batches: CPU tests)."""
+    from jaxspec.llm import LLM
+
+    prefill = min(4096, 16 * max_num_seqs)
+    return LLM(str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
+               layer_loop="scan", max_num_batched_tokens=prefill, max_prefill_seqs=min(32, max_num_seqs),
+               prefill_buckets=[prefill], decode_buckets=[max_num_seqs], warmup=False)
+
+
+# Prompts per chunk of a time-budgeted generation, in engine batches: a chunk's tail (its last sequences finishing
+# in a batch that is mostly padding) costs about max_tokens steps, so chunks are long; the last one is cut to fit.
+CHUNK_BATCHES = 16
+
+
+def generate_in_chunks(llm: Any, prompts: list, params: list, chunk_size: int, time_budget_s: float | None = None,
+                       use_tqdm: bool = True) -> Iterator[tuple[int, list]]:
+    """`llm.generate` over consecutive chunks, yielding (first index, outputs) in order. With a time budget (seconds
+    from the first call, the caller's work between chunks included), each chunk is cut to the prompts that the time
+    per prompt so far says still fit, and generation stops when none do; the first chunk's compile time makes that
+    estimate err on the safe side."""
+    start, done = time.perf_counter(), 0
+    while done < len(prompts):
+        n = min(chunk_size, len(prompts) - done)
+        if time_budget_s is not None and done:
+            elapsed = time.perf_counter() - start
+            n = min(n, int((time_budget_s - elapsed) / (elapsed / done)))
+            if n < 1:
+                return
+        yield done, llm.generate(prompts[done:done + n], params[done:done + n], use_tqdm=use_tqdm)
+        done += n
+
 
 def generate_dataset(llm: Any, prompt_ids: list[list[int]], max_tokens: int, seq_len: int,
-                     meta: dict | None = None, use_tqdm: bool = True) -> TokenDataset:
+                     meta: dict | None = None, use_tqdm: bool = True, time_budget_s: float | None = None,
+                     chunk_size: int | None = None) -> TokenDataset:
     """The target's greedy responses through our engine (`llm` is a jaxspec `LLM`); prompt + response rows.
 
     Each request asks for at most what still fits in seq_len, so no generated token is thrown away; responses
     keep their EOS (the head learns to draft it too). Put the EOS ids in `meta["eos_token_ids"]`: EAGLE-3's
-    draft vocabulary always keeps them.
+    draft vocabulary always keeps them. With `time_budget_s`, prompts go in chunks (default 16 engine batches) and
+    those that no longer fit are left out (`meta["num_cut_by_time_budget"]`).
     """
     from jaxspec.sampling_params import SamplingParams
 
     fit = [p for p in prompt_ids if len(p) < seq_len - 1]
     params = [SamplingParams(temperature=0, max_tokens=min(max_tokens, seq_len - len(p))) for p in fit]
-    outs = llm.generate(fit, params, use_tqdm=use_tqdm) if fit else []
-    pairs = [(list(p), list(o.outputs[0].token_ids)) for p, o in zip(fit, outs)]
+    chunk = chunk_size or (CHUNK_BATCHES * llm.engine_config.max_num_seqs if time_budget_s is not None
+                           else max(len(fit), 1))
+    pairs = [(list(p), list(o.outputs[0].token_ids))
+             for lo, outs in generate_in_chunks(llm, fit, params, chunk, time_budget_s, use_tqdm)
+             for p, o in zip(fit[lo:], outs)]
     info = {"num_prompts": len(prompt_ids), "num_too_long": len(prompt_ids) - len(fit), "max_tokens": max_tokens,
-            "seq_len": seq_len}
+            "seq_len": seq_len, "num_cut_by_time_budget": len(fit) - len(pairs)}
     return pack(pairs, seq_len, {**(meta or {}), **info})
 
 

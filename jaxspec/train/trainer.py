@@ -178,8 +178,9 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     `keep_tokens` (default: the dataset's EOS ids) always enter EAGLE-3's draft vocabulary. `stop_at` ends the
     run early at that step (the schedule still spans `steps`), e.g. to resume later with `resume=True`, which
     continues from the latest checkpoint in `ckpt_dir` with the same data order, noise and metric history.
-    `time_budget_s` bounds this call's wall time, compile included: after a few timed steps the schedule is
-    shortened to the steps that fit (never lengthened), so the learning rate still decays to its end.
+    `time_budget_s` bounds this call's wall time, compile included: after a few timed steps, and again every 5 %
+    of the budget, the schedule is shortened to the steps that fit (never lengthened), so the learning rate still
+    decays to its end; should steps slow down between two estimates, the loop stops when the budget is spent.
     `compute_dtype="bfloat16"` runs the head's matmuls in bf16 (the GPU setting); its parameters, the optimizer
     and the loss reductions stay fp32.
     """
@@ -248,6 +249,9 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
                 bar.refresh()
                 print(f"time budget {time_budget_s:.0f} s: the schedule ends at step {end} "
                       f"({budget.step_s * 1e3:.1f} ms/step)")
+        if budget is not None and budget.spent():
+            print(f"time budget {time_budget_s:.0f} s spent at step {step} of {end}: stopping")
+            end = step
         if mngr is not None and (step % ckpt_every == 0 or step == end):
             record(pending)
             pending = None
@@ -263,24 +267,32 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
 
 class StepBudget:
     """Times steps on the host to decide how many fit in a wall-clock budget. The first step (compile) and the
-    next few (warm-up) are excluded from the rate; the estimate is taken once, after `timed` warm steps."""
+    next few (warm-up) are excluded from the rate. The estimate is taken after `timed` warm steps, then again every
+    `recheck` of the budget from the steps since the last estimate, so a rate that drops (another process starts
+    sharing the GPU) shortens the schedule again; `spent()` is the hard stop should the rate drop even more."""
 
-    def __init__(self, seconds: float, start_step: int, warm: int = 3, timed: int = 20):
-        self.seconds, self.t0 = seconds, time.perf_counter()
-        self.warm_at, self.timed_at = start_step + 1 + warm, start_step + 1 + warm + timed
-        self.t_warm: float | None = None
+    def __init__(self, seconds: float, start_step: int, warm: int = 3, timed: int = 20, recheck: float = 0.05):
+        self.seconds, self.recheck, self.t0 = seconds, recheck, time.perf_counter()
+        self.warm_at, self.next_at = start_step + 1 + warm, start_step + 1 + warm + timed
+        self.t_last: float | None = None
+        self.s_last = self.warm_at
         self.step_s: float | None = None
 
     def due(self, steps_done: int) -> bool:
-        return steps_done in (self.warm_at, self.timed_at)
+        return steps_done in (self.warm_at, self.next_at)
+
+    def spent(self) -> bool:
+        return time.perf_counter() - self.t0 > self.seconds
 
     def steps_that_fit(self, steps_done: int) -> int | None:
         """Call (after a device sync) when `due`; the total step count that fits, once it is known."""
         now = time.perf_counter()
         if steps_done == self.warm_at:
-            self.t_warm = now
+            self.t_last = now
             return None
-        self.step_s = (now - self.t_warm) / (self.timed_at - self.warm_at)
+        self.step_s = (now - self.t_last) / (steps_done - self.s_last)
+        self.t_last, self.s_last = now, steps_done
+        self.next_at = steps_done + max(1, int(self.recheck * self.seconds / self.step_s))
         # 3 % margin for checkpoints, metric reads and the export after the loop
         return steps_done + int(max(0.0, 0.97 * self.seconds - (now - self.t0)) / self.step_s)
 
