@@ -79,7 +79,8 @@ def parse_datasets(items: list[str]) -> dict[str, Path]:
 def main(argv: list[str] | None = None) -> dict:
     import jax
 
-    from jaxspec.bench.engine import load_target, metrics_delta
+    from jaxspec.bench.engine import load_target
+    from jaxspec.engine.llm_engine import metrics_delta
     from jaxspec.bench.throughput import model_source
     from jaxspec.tokenizer import load_tokenizer
 

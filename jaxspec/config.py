@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxspec.models.eagle import METHODS
+
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -11,25 +13,63 @@ MAX_SPECULATIVE_TOKENS = 16
 class SpeculativeConfig:
     method: str  # "eagle" or "eagle3"
     model: str  # path of the draft head (HF-style directory)
-    num_speculative_tokens: int
+    num_speculative_tokens: int  # K: the most drafts a step verifies
+    # How each step picks its k in 0..K (jaxspec.engine.spec_policy): always K (neither set), the k that maximizes
+    # expected tokens/s from live acceptance and measured step times (dynamic), or a table from a step's number
+    # of decode rows to k (keys: batch sizes, each the smallest it applies to).
+    dynamic: bool = False
+    num_speculative_tokens_per_batch_size: dict[int, int] | None = None
 
     @classmethod
     def parse(cls, spec: dict | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":
         if spec is None or isinstance(spec, SpeculativeConfig):
             return spec
-        unknown = set(spec) - {"method", "model", "num_speculative_tokens"}
+        if not isinstance(spec, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(spec).__name__}")
+        unknown = set(spec) - {"method", "model", "num_speculative_tokens", "dynamic",
+                               "num_speculative_tokens_per_batch_size"}
         if unknown:
             raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
         method = spec.get("method", "eagle")
-        if method not in ("eagle", "eagle3"):
-            raise ValueError(f"speculative_config.method must be 'eagle' or 'eagle3', got {method!r}")
+        if method not in METHODS:
+            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
         if not spec.get("model"):
             raise ValueError("speculative_config.model (the draft head's path) is required")
         k = spec.get("num_speculative_tokens")
-        if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
                              f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
-        return cls(method=method, model=str(spec["model"]), num_speculative_tokens=k)
+        dynamic = spec.get("dynamic", False)
+        if not isinstance(dynamic, bool):
+            raise ValueError(f"speculative_config.dynamic must be true or false, got {dynamic!r}")
+        table = spec.get("num_speculative_tokens_per_batch_size")
+        if table is not None:
+            if dynamic:
+                raise ValueError("speculative_config: dynamic and num_speculative_tokens_per_batch_size exclude "
+                                 "each other")
+            table = _k_table(table, k)
+        return cls(method=method, model=str(spec["model"]), num_speculative_tokens=k, dynamic=dynamic,
+                   num_speculative_tokens_per_batch_size=table)
+
+
+def _k_table(table, max_k: int) -> dict[int, int]:
+    """{batch size: k} with integer keys (JSON gives strings), k in [0, max_k], sizes >= 1; one entry for size 1."""
+    name = "speculative_config.num_speculative_tokens_per_batch_size"
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{name} must be a non-empty mapping from batch sizes to k, got {table!r}")
+    out = {}
+    for size, k in table.items():
+        try:
+            size = int(size)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: batch size {size!r} is not an integer") from None
+        if size < 1 or isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= max_k:
+            raise ValueError(f"{name}: {size}: {k!r} needs a batch size >= 1 and a k in [0, "
+                             f"num_speculative_tokens={max_k}]")
+        out[size] = k
+    if min(out) != 1:
+        raise ValueError(f"{name} must have an entry for batch size 1 (the smallest), got {sorted(out)}")
+    return dict(sorted(out.items()))
 
 
 def buckets_up_to(limit: int, smallest: int = 1, factor: int = 2) -> list[int]:

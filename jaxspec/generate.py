@@ -49,7 +49,8 @@ def chat_prompts(model: str, prompts: list[str]) -> list[list[int]]:
 
 def run(args: argparse.Namespace) -> dict:
     from jaxspec import LLM, SamplingParams, compile_cache
-    from jaxspec.bench.engine import compile_buckets, metrics_delta, num_compiled
+    from jaxspec.bench.engine import compile_buckets, num_compiled
+    from jaxspec.engine.llm_engine import metrics_delta
     from jaxspec.config import buckets_up_to
     from jaxspec.engine import sampler
 

@@ -23,6 +23,7 @@ from jaxspec.engine.llm_engine import LLMEngine
 from jaxspec.engine.model_runner import ModelRunner
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
+from jaxspec.engine.spec_policy import DynamicPolicy, make_policy
 from jaxspec.models import attention, eagle, llama
 from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
@@ -132,14 +133,19 @@ class LLM:
         self.engine_config = cfg
         mesh = parallel.make_mesh(tp) if tp > 1 else None
         runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance, mesh)
+        policy = make_policy(spec, cfg.max_num_seqs)
         if warmup is True or (warmup == "auto" and jax.default_backend() != "cpu"):
-            self.num_compiled = runner.warmup()
+            self.num_compiled = runner.warmup(k_values=policy.choices)
         else:  # each program compiles on first use (logged), quicker to start on a CPU
             self.num_compiled = 0
+        if isinstance(policy, DynamicPolicy):  # its step-time model, whatever warmup says
+            policy.set_step_times(runner.time_decode(policy.choices))
+            logger.info("step times (ms) by (decode bucket, k): %s",
+                        {key: round(t * 1e3, 3) for key, t in policy.step_times.items()})
         eos = eos_token_ids(self.tokenizer, Path(tokenizer_dir)) if tokenizer_dir else set()
         self.llm_engine = LLMEngine(cfg, runner,
                                     InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed),
-                                    OutputProcessor(self.tokenizer, eos, max_model_len), async_scheduling)
+                                    OutputProcessor(self.tokenizer, eos, max_model_len), async_scheduling, policy)
         self._next_request = 0
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread inside generate (re-entry from it would deadlock)
@@ -254,6 +260,7 @@ class LLM:
         t, sched = engine.times, engine.scheduler
         return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "host_wait_s": t.host_wait_s,
                 "wall_s": t.wall_s, "num_preemptions": sched.num_preemptions, "num_compiled": self.num_compiled,
+                "num_steps_by_k": dict(engine.spec_policy.num_steps_by_k),
                 "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting),
                 "num_free_pages": engine.block_manager.num_free, "num_pages": self.engine_config.num_pages}
 

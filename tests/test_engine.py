@@ -173,15 +173,15 @@ def test_sync_runs_the_same_steps_as_async(weights, prompts):
         steps[mode] = []
         decode = llm.llm_engine.runner.decode
 
-        def record(slots, tables, decode=decode, log=steps[mode]):
-            log.append((list(slots), tables[slots].tolist()))
-            return decode(slots, tables)
+        def record(slots, tables, k, decode=decode, log=steps[mode]):
+            log.append((list(slots), tables[slots].tolist(), k))
+            return decode(slots, tables, k)
 
         llm.llm_engine.runner.decode = record
         outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
     assert steps[True] == steps[False]
-    assert len({len(ids) for ids, _ in steps[True]}) > 2  # the batch shrank through several buckets
+    assert len({len(ids) for ids, _, _ in steps[True]}) > 2  # the batch shrank through several buckets
     assert outs[True] == outs[False]
     assert [len(o) for o in outs[True]] == [p.max_tokens for p in params]
 

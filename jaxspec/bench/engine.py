@@ -37,10 +37,12 @@ def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
     return sorted({b for b in sizes if 0 < b < limit} | {limit}) if sizes else None
 
 
-def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None) -> int:
-    """Compile every decode and prefill bucket in the one sampling mode the run uses; `log(msg)` hears each
-    program's compile time."""
-    return llm.llm_engine.runner.warmup(modes=((all_greedy, filtered),), log=log)
+def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None, k_values: list[int] | None = None) -> int:
+    """Compile every decode and prefill bucket in the one sampling mode the run uses, decode steps for every k its
+    speculation policy may pick (or `k_values`); `log(msg)` hears each program's compile time."""
+    engine = llm.llm_engine
+    return engine.runner.warmup(modes=((all_greedy, filtered),), k_values=k_values or engine.spec_policy.choices,
+                                log=log)
 
 
 def env_knobs() -> dict[str, str]:
@@ -56,20 +58,6 @@ def num_compiled() -> int | None:
                    for cublas in (False, True))
     except AttributeError:
         return None
-
-
-def metrics_delta(before: dict, after: dict) -> dict:
-    """`LLM.get_metrics()` counts since the LLM was built; this is one run's share, derived rates recomputed."""
-    d = {}
-    for key, v in after.items():
-        if isinstance(v, list) and key == "accepted_per_position":
-            d[key] = [a - b for a, b in zip(v, before[key])]
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            d[key] = v - before.get(key, 0)
-    drafts = d.get("num_drafts", 0)
-    d["acceptance_rate_per_position"] = [a / drafts if drafts else 0.0 for a in d.get("accepted_per_position", [])]
-    d["mean_acceptance_length"] = 1.0 + d.get("num_accepted_tokens", 0) / drafts if drafts else 1.0
-    return d
 
 
 def _nbytes(*trees) -> int:

@@ -172,7 +172,7 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
     profiler (a timeline: busy fraction, plus host time per step from the engine)."""
     import jax
 
-    from jaxspec.bench.engine import metrics_delta
+    from jaxspec.engine.llm_engine import metrics_delta
 
     def run():
         return llm.generate(prompts, params, use_tqdm=False, async_scheduling=async_scheduling)

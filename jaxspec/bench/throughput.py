@@ -102,6 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("sweep and reports")
     s.add_argument("--sweep", action="store_true", help="prompt counts x async/sync x EAGLE/no speculation")
     s.add_argument("--sweep-prompts", type=_ints, default=[24, 48, 96])
+    s.add_argument("--sweep-k", action="store_true",
+                   help="with --speculative-config: the head's LLM runs with the dynamic k policy and with every fixed "
+                        "k = 0..num_speculative_tokens (one LLM, policies swapped between runs; async only)")
     s.add_argument("--sweep-no-plain", action="store_true",
                    help="with --speculative-config: leave the no-speculation mode out (half the compiling)")
     s.add_argument("--hf-baseline", action="store_true", help="transformers generate on the same prompts")
@@ -173,6 +176,8 @@ def parse_spec(args) -> dict | None:
         spec.setdefault("model", "dummy")
     elif spec.get("model") == "dummy":
         raise ValueError('speculative model "dummy" (a random head) needs --load-format dummy')
+    if args.sweep_k:
+        spec["dynamic"] = True
     return spec
 
 
@@ -258,7 +263,8 @@ def _slug(s: str) -> str:
 # ---- one timed run
 
 def run_point(llm, prompts, params, is_async: bool) -> tuple[dict, list[list[int]]]:
-    from jaxspec.bench.engine import metrics_delta, num_compiled
+    from jaxspec.bench.engine import num_compiled
+    from jaxspec.engine.llm_engine import metrics_delta
 
     before, compiled = llm.get_metrics(), num_compiled()
     t0 = time.perf_counter()
@@ -278,6 +284,7 @@ def run_point(llm, prompts, params, is_async: bool) -> tuple[dict, list[list[int
         "wall_per_step_ms": 1e3 * m["wall_s"] / steps, "host_wait_per_step_ms": 1e3 * m["host_wait_s"] / steps,
         "host_busy_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / steps,
         "num_preemptions": m.get("num_preemptions", 0), "finish_reasons": reasons,
+        "num_steps_by_k": m.get("num_steps_by_k", {}),
         "recompiles": None if compiled is None else num_compiled() - compiled,
         "outputs_sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
         **{k: m[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position",
@@ -436,17 +443,36 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
     outputs: dict = {}
     for n in counts:
         for label, llm in llms.items():
-            for is_async in ([True, False] if args.sweep else [args.async_scheduling]):
-                point = {"num_prompts": n, "mode": label, "async": is_async}
-                point |= timed_point(args, bench, llm, prompts[:n], point, outputs)
-                result["points"].append(point)
-                bench.save()
+            for policy_label, policy in policies(args, llm, label):
+                if policy is not None:
+                    llm.llm_engine.spec_policy = policy
+                schedulings = [True, False] if args.sweep and not args.sweep_k else [args.async_scheduling]
+                for is_async in schedulings:
+                    point = {"num_prompts": n, "mode": policy_label, "async": is_async}
+                    point |= timed_point(args, bench, llm, prompts[:n], point, outputs)
+                    result["points"].append(point)
+                    bench.save()
     for label, llm in llms.items():
         if llm is not None and args.profile_dir and not bench.out_of_time():
             profile(args, bench, llm, label, prompts, counts)
     llms.clear()
     gc.collect()
     compare_outputs(outputs, result)
+
+
+def policies(args, llm, label: str) -> list[tuple[str, object]]:
+    """The speculation policies a mode runs with: its own; with --sweep-k and a head, the dynamic one (kept
+    across prompt counts, as a server's would be) and a fixed k for each k = 0..K."""
+    from jaxspec.engine.spec_policy import DynamicPolicy, SpecPolicy
+
+    engine = llm.llm_engine if llm is not None else None
+    if not args.sweep_k or engine is None or not engine.k:
+        return [(label, None)]
+    if not hasattr(engine, "_sweep_dynamic"):
+        engine._sweep_dynamic = engine.spec_policy
+    dynamic = engine._sweep_dynamic
+    assert isinstance(dynamic, DynamicPolicy), "--sweep-k builds the head's LLM with the dynamic policy"
+    return [(f"{label} dynamic", dynamic)] + [(f"{label} k={k}", SpecPolicy(engine.k, k)) for k in range(engine.k + 1)]
 
 
 def timed_point(args, bench: Bench, llm, prompts, point: dict, outputs: dict) -> dict:

@@ -30,10 +30,11 @@ import numpy as np
 from jaxspec.config import EngineConfig
 from jaxspec.engine.block_manager import BlockManager
 from jaxspec.engine.input_processor import InputProcessor
-from jaxspec.engine.model_runner import ModelRunner
+from jaxspec.engine.model_runner import ModelRunner, pick_bucket
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.scheduler import Scheduler, StepPlan
 from jaxspec.engine.sequence import Sequence
+from jaxspec.engine.spec_policy import SpecPolicy
 from jaxspec.outputs import RequestOutput
 from jaxspec.sampling_params import SamplingParams
 
@@ -59,6 +60,22 @@ class SpecMetrics:
                 "mean_acceptance_length": self.mean_acceptance_length}
 
 
+def metrics_delta(before: dict, after: dict) -> dict:
+    """`LLM.get_metrics()` counts since the LLM was built; this is one run's share (counts, lists and histograms
+    subtracted), with the derived rates (SpecMetrics) recomputed."""
+    d = {}
+    for key, v in after.items():
+        if isinstance(v, list) and key == "accepted_per_position":
+            d[key] = [a - b for a, b in zip(v, before[key])]
+        elif isinstance(v, dict):
+            d[key] = {k: n - before.get(key, {}).get(k, 0) for k, n in v.items()}
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            d[key] = v - before.get(key, 0)
+    spec = SpecMetrics(d.get("num_drafts", 0), d.get("num_draft_tokens", 0), d.get("num_accepted_tokens", 0),
+                       d.get("accepted_per_position", []))
+    return d | spec.as_dict()
+
+
 @dataclass
 class StepTimes:
     num_steps: int = 0
@@ -68,23 +85,27 @@ class StepTimes:
 
 @dataclass
 class InFlightStep:
-    """A dispatched step whose outputs the host has not read: its plan and its output arrays (copying to the
-    host since dispatch)."""
+    """A dispatched step whose outputs the host has not read: its plan, its k and its output arrays (copying to
+    the host since dispatch)."""
     index: int
     plan: StepPlan
+    k: int  # drafts the decode rows verified and made
     prefill_out: jax.Array | None  # [R, 2]: (1 if a first token was sampled, token)
     decode_out: jax.Array | None  # [B, k+2]: (count, tokens..., -1 padding)
 
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, runner: ModelRunner, input_processor: InputProcessor,
-                 output_processor: OutputProcessor, async_scheduling: bool = True):
+                 output_processor: OutputProcessor, async_scheduling: bool = True,
+                 spec_policy: SpecPolicy | None = None):
         self.cfg = cfg
         self.runner = runner
         self.input_processor = input_processor
         self.output_processor = output_processor
         self.async_scheduling = async_scheduling  # the default of step(); a call may choose otherwise
-        self.k = runner.k
+        self.k = runner.k  # K: the most drafts a step verifies
+        # each step's k (jaxspec.engine.spec_policy); may be replaced between generate calls (benchmarks do)
+        self.spec_policy = spec_policy or SpecPolicy(self.k)
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens)
         self.requests: dict[str, Sequence] = {}  # unfinished, plus finished ones whose final output is not out yet
@@ -202,25 +223,32 @@ class LLMEngine:
 
     def _dispatch(self, plan: StepPlan) -> None:
         tables = self.block_manager.tables
+        k = self.k
+        if plan.prefill:
+            self.spec_policy.reset_slots([c.seq.slot for c in plan.prefill if c.start == 0])
+        if plan.decode:
+            slots = np.asarray(plan.decode_slots)
+            k = self.spec_policy.choose(len(slots), pick_bucket(self.cfg.decode_buckets, len(slots)), slots)
+            self.spec_policy.record(k)
         prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
-        decode_out = self.runner.decode(plan.decode_slots, tables) if plan.decode else None
-        self.in_flight.append(InFlightStep(self._num_steps, plan, prefill_out, decode_out))
+        decode_out = self.runner.decode(plan.decode_slots, tables, k) if plan.decode else None
+        self.in_flight.append(InFlightStep(self._num_steps, plan, k, prefill_out, decode_out))
         self._record("dispatch", self._num_steps)
         self._num_steps += 1
         self.times.num_steps += 1
 
-    def _fetch(self, step: InFlightStep) -> tuple[StepPlan, np.ndarray | None, np.ndarray | None]:
+    def _fetch(self, step: InFlightStep) -> tuple[StepPlan, int, np.ndarray | None, np.ndarray | None]:
         """Read a step's outputs (blocking until the device has them)."""
         t0 = time.perf_counter()
         prefill_np = np.asarray(step.prefill_out) if step.prefill_out is not None else None
         decode_np = np.asarray(step.decode_out) if step.decode_out is not None else None
         self.times.host_wait_s += time.perf_counter() - t0
         self._record("fetch", step.index)
-        return step.plan, prefill_np, decode_np
+        return step.plan, step.k, prefill_np, decode_np
 
-    def _commit(self, plan: StepPlan, prefill_np, decode_np) -> list[Sequence]:
+    def _commit(self, plan: StepPlan, k: int, prefill_np, decode_np) -> list[Sequence]:
         if self.k and decode_np is not None:
-            self._count_acceptance(plan, decode_np)
+            self._count_acceptance(plan, k, decode_np)
         return self.scheduler.commit(plan, prefill_np, decode_np)
 
     def _outputs(self, touched: list[Sequence]) -> list[RequestOutput]:
@@ -251,14 +279,18 @@ class LLMEngine:
         if self.trace is not None:
             self.trace.append((event, step))
 
-    def _count_acceptance(self, plan: StepPlan, decode_np: np.ndarray) -> None:
-        """Add one step's drafts to the counters (vectorized: this runs once per step over every row)."""
+    def _count_acceptance(self, plan: StepPlan, k: int, decode_np: np.ndarray) -> None:
+        """Add one step's drafts (k per row) to the counters and the policy (vectorized: this runs once per step
+        over every row)."""
         m = self.spec_metrics
         # the extra step of a request that already finished: its tokens are discarded, and so is its draft
         live = np.fromiter((not seq.is_finished for seq in plan.decode), bool, len(plan.decode))
         accepted = decode_np[:len(plan.decode), 0][live].astype(np.int64) - 1
+        self.spec_policy.observe(np.asarray(plan.decode_slots)[live], k, accepted)
+        if k == 0:
+            return
         m.num_drafts += len(accepted)
-        m.num_draft_tokens += self.k * len(accepted)
+        m.num_draft_tokens += k * len(accepted)
         m.num_accepted_tokens += int(accepted.sum())
-        for j in range(self.k):
+        for j in range(k):
             m.accepted_per_position[j] += int(np.count_nonzero(accepted > j))

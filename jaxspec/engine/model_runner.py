@@ -62,9 +62,10 @@ class ModelRunner:
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
                              synthetic_acceptance=synthetic_acceptance, shardings=shardings)
-        # the step's static spec for each sampling mode (all_greedy, filtered), built once
-        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f).canonical()
-                       for g in (True, False) for f in (True, False)}
+        # the step's static spec for each k <= K and sampling mode (all_greedy, filtered), built once
+        self._specs = {(k, g, f): dataclasses.replace(self.spec, num_speculative_tokens=k, all_greedy=g,
+                                                      filtered=f).canonical()
+                       for k in range(self.k + 1) for g in (True, False) for f in (True, False)}
         self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
         self.caches = self._new_caches()
         if mesh is None:
@@ -101,10 +102,11 @@ class ModelRunner:
 
     # ---- building the host arrays
 
-    def _sampling(self, slots: np.ndarray) -> tuple[np.ndarray, StepSpec]:
-        """Packed sampling params of these slots (padding rows all zero: greedy) and the step's sampling mode."""
+    def _sampling(self, slots: np.ndarray, k: int) -> tuple[np.ndarray, StepSpec]:
+        """Packed sampling params of these slots (padding rows all zero: greedy) and the step's spec: its k and
+        sampling mode."""
         packed, flags = self.sampling.batch(slots)
-        return packed, self._specs[flags]
+        return packed, self._specs[(k, *flags)]
 
     def _slots(self, used: list[int], rows: int) -> np.ndarray:
         """`used` padded to `rows` with the padding slot."""
@@ -120,7 +122,7 @@ class ModelRunner:
         logged (`log`, default the jaxspec logger)."""
         tokens = size * (self.k + 1) if step is decode_step else size
         fn = program(step, tokens, spec)
-        key = (step.__name__, size, spec.all_greedy, spec.filtered)
+        key = (step.__name__, size, spec.num_speculative_tokens, spec.all_greedy, spec.filtered)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
@@ -130,19 +132,20 @@ class ModelRunner:
             if fn._cache_size() > programs:
                 jax.block_until_ready(out)
                 mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
-                (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} ({mode}) in "
-                                     f"{time.perf_counter() - t0:.1f} s")
+                (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} "
+                                     f"(k={spec.num_speculative_tokens}, {mode}) in {time.perf_counter() - t0:.1f} s")
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
 
-    def decode(self, slots: list[int], tables: np.ndarray) -> jax.Array:
-        """Dispatch one verify+draft step for the sequences in these slots; `tables` [slots + 1, pages] holds every
-        slot's block table. Returns out [B, k+2] (the first len(slots) rows are theirs)."""
+    def decode(self, slots: list[int], tables: np.ndarray, k: int | None = None) -> jax.Array:
+        """Dispatch one verify+draft step with k drafts (default K) for the sequences in these slots; `tables`
+        [slots + 1, pages] holds every slot's block table. Returns out [B, k+2] (the first len(slots) rows are
+        theirs)."""
         B = pick_bucket(self.cfg.decode_buckets, len(slots))
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
-        sampling, spec = self._sampling(slots)
+        sampling, spec = self._sampling(slots, self.k if k is None else k)
         return self._run(decode_step, B, spec, rows, sampling)
 
     def prefill(self, chunks: list[PrefillChunk], tables: np.ndarray) -> jax.Array:
@@ -170,30 +173,54 @@ class ModelRunner:
             tok[at:at + c.length, 3] = np.arange(c.start, end)
             rows[r, 1:3] = (at + c.length - 1, int(c.is_last))
             at += c.length
-        sampling, spec = self._sampling(slots)
+        sampling, spec = self._sampling(slots, self.k)  # a prompt's first drafts: all K
         return self._run(prefill_step, N, spec, tok, rows, sampling)
 
     def warmup(self, modes: tuple[tuple[bool, bool], ...] = ((True, False), (False, False), (False, True)),
-               log=None) -> int:
+               k_values: list[int] | None = None, log=None) -> int:
         """Compile every bucket in each sampling mode (all_greedy, filtered): by default greedy, random, and random
-        with top-k/top-p, so that generation never compiles. Each program's time is logged (`log`). Returns the
-        number of compiled variants."""
+        with top-k/top-p, so that generation never compiles; decode steps for each of `k_values` (default [K]).
+        Each program's time is logged (`log`). Returns the number of compiled variants."""
         P, R, C = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS)
         count, out = 0, None
         for mode in modes:
-            spec = self._specs[mode]
-            for B in self.cfg.decode_buckets:
-                rows = np.full((B, 1 + P), -1, np.int32)
-                rows[:, 0] = self.num_slots
-                out = self._run(decode_step, B, spec, rows, np.zeros((B, C), np.uint32), log=log)
-                count += 1
+            for k in k_values or [self.k]:
+                for B in self.cfg.decode_buckets:
+                    out = self._run(decode_step, B, self._specs[(k, *mode)], *self._idle_decode(B), log=log)
+                    count += 1
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
                 tok[:, 2] = -1
                 rows = np.full((R, 3 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
-                out = self._run(prefill_step, N, spec, tok, rows, np.zeros((R, C), np.uint32), log=log)
+                out = self._run(prefill_step, N, self._specs[(self.k, *mode)], tok, rows, np.zeros((R, C), np.uint32),
+                                log=log)
                 count += 1
         if out is not None:
             jax.block_until_ready(out)
         return count
+
+    def _idle_decode(self, B: int) -> tuple[np.ndarray, np.ndarray]:
+        """A decode plan of B padding rows (they touch only the padding slot and no page)."""
+        rows = np.full((B, 1 + self.cfg.pages_per_seq), -1, np.int32)
+        rows[:, 0] = self.num_slots
+        return rows, np.zeros((B, len(sampler.COLUMNS)), np.uint32)
+
+    def time_decode(self, k_values: list[int], iters: int = 8) -> dict[tuple[int, int], float]:
+        """Seconds per decode step for each (bucket, k), greedy, steps dispatched back to back as the async engine
+        runs them (host dispatch included): the step-time model of the dynamic speculation policy. Compiles what it
+        times. The rows are padding, so attention reads no context: at long contexts real steps are slower."""
+        times = {}
+        for B in self.cfg.decode_buckets:
+            for k in k_values:
+                spec = self._specs[(k, True, False)]
+                out = None
+                for _ in range(2):  # compile, then a warm run
+                    out = self._run(decode_step, B, spec, *self._idle_decode(B))
+                jax.block_until_ready(out)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    out = self._run(decode_step, B, spec, *self._idle_decode(B))
+                jax.block_until_ready(out)
+                times[(B, k)] = (time.perf_counter() - t0) / iters
+        return times

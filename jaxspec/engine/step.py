@@ -34,7 +34,8 @@ from jaxspec.parallel import StepShardings
 @jax.tree_util.register_static
 @dataclass(frozen=True, eq=False)
 class StepSpec:
-    """Everything static about a step: model shapes, k, limits and the batch's sampling mode.
+    """Everything static about a step: model shapes, k (the drafts this step verifies and makes; the slot state has
+    room for num_speculative_tokens' maximum K), limits and the batch's sampling mode.
 
     Compared by identity (`canonical` makes equal specs one object): jit compares static arguments on every call,
     and identity is decided in C, where a signal cannot land. A Python __eq__ interrupted there (Ctrl-C during a
@@ -71,16 +72,20 @@ class Caches:
     draft: KVCache | None
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len"], meta_fields=[])
+@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len", "num_drafts"], meta_fields=[])
 @dataclass
 class SlotState:
     """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
-    tokens: jax.Array  # [S + 1, 1 + k] int32: last_token, then the k drafts to verify next
+    tokens: jax.Array  # [S + 1, 1 + K] int32: last_token, then up to K drafts to verify next
     seq_len: jax.Array  # [S + 1] int32: tokens in the sequence, last_token included
+    # [S + 1] int32: how many of `tokens`' drafts the last step made (steps may run with any k <= K: a step never
+    # accepts more drafts than there are)
+    num_drafts: jax.Array
 
     @classmethod
-    def init(cls, num_slots: int, k: int) -> "SlotState":
-        return cls(tokens=jnp.zeros((num_slots + 1, 1 + k), jnp.int32), seq_len=jnp.ones((num_slots + 1,), jnp.int32))
+    def init(cls, num_slots: int, max_k: int) -> "SlotState":
+        return cls(tokens=jnp.zeros((num_slots + 1, 1 + max_k), jnp.int32),
+                   seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32))
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -150,7 +155,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     slots, tables = rows_i32[:, 0], rows_i32[:, 1:]
     B = slots.shape[0]
     valid = slots < S
-    tokens = state.tokens[slots]  # [B, 1+k]: last_token, drafts
+    tokens = state.tokens[slots, :1 + k]  # [B, 1+k]: last_token, drafts
     n = state.seq_len[slots]  # [B]
     positions = n[:, None] - 1 + jnp.arange(k + 1, dtype=jnp.int32)  # [B, k+1]
     rows = jnp.arange(B)[:, None]
@@ -162,25 +167,29 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     logits = llama.lm_head(tw, hidden)  # [B, k+1, V]
     # 2. accept: emitted tokens sit at positions n .. n+n_acc, which must stay below max_model_len
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
-    num_valid = jnp.clip(spec.max_model_len - 1 - n, 0, k)
+    num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
     emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p, seeds,
                                               n, spec.all_greedy, spec.filtered)
     if spec.synthetic_acceptance is not None:
         emitted, n_acc = _synthetic_accept(logits, tokens[:, 1:], num_valid, seeds, n, spec.synthetic_acceptance)
     new_last = jnp.take_along_axis(emitted, n_acc[:, None], axis=1)  # [B, 1]
     # 3. draft: the head reads pair (feature at p, token at p+1) for p = n-1 .. n-1+k; pairs past n_acc are
-    # padding whose draft KV the next step overwrites
+    # padding whose draft KV the next step overwrites. With k = 0 the head still reads its one pair, so that its KV
+    # cache stays complete for later steps that draft.
     draft_kv = caches.draft
     new_tokens = new_last
-    if k > 0:
+    if spec.draft is not None:
         features = eagle.target_features(spec.draft, hidden, aux)
         pair_tokens = jnp.maximum(emitted, 0)
         out, draft_kv = eagle.forward(dw, spec.draft, tw.embed, pair_tokens, features, positions, draft_kv, batch)
-        h = jnp.take_along_axis(out, n_acc[:, None, None], axis=1)[:, 0]  # [B, H]
-        drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid)
-        new_tokens = jnp.concatenate([new_last, drafts], axis=1)
+        if k > 0:
+            h = jnp.take_along_axis(out, n_acc[:, None, None], axis=1)[:, 0]  # [B, H]
+            drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid)
+            new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device
-    state = SlotState(tokens=state.tokens.at[slots].set(new_tokens), seq_len=state.seq_len.at[slots].set(n + n_acc + 1))
+    state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
+                      seq_len=state.seq_len.at[slots].set(n + n_acc + 1),
+                      num_drafts=state.num_drafts.at[slots].set(k))
     out = jnp.concatenate([(n_acc + 1)[:, None], emitted], axis=1)  # [B, k+2]
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
@@ -221,8 +230,9 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
     commit = is_last & (slots < S)
     slots = jnp.where(commit, slots, S)  # rows that do not end their prompt leave the slot state alone
-    state = SlotState(tokens=state.tokens.at[slots].set(new_tokens),
-                      seq_len=state.seq_len.at[slots].set(first_pos + 1))
+    state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
+                      seq_len=state.seq_len.at[slots].set(first_pos + 1),
+                      num_drafts=state.num_drafts.at[slots].set(k))
     out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 

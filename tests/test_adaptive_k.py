@@ -1,0 +1,195 @@
+"""Adaptive speculation: the engine picks each step's k in 0..K; outputs stay lossless whatever it picks."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from jaxspec import SamplingParams
+from jaxspec.config import SpeculativeConfig
+from jaxspec.engine import spec_policy
+from jaxspec.engine.sampler import rejection_sample
+from jaxspec.engine.spec_policy import DynamicPolicy, SpecPolicy, TablePolicy
+from tests.tiny import make_llm, random_prompts, tiny_weights
+
+K = 3
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+class Cycle(SpecPolicy):
+    """Forces k through a fixed cycle, so that it changes every step."""
+
+    def __init__(self, max_k: int, ks: list[int]):
+        super().__init__(max_k)
+        self.ks, self.i = ks, 0
+        self.choices = sorted(set(ks))
+        self.num_steps_by_k = {k: 0 for k in self.choices}
+
+    def choose(self, num_rows, bucket, slots):
+        self.i += 1
+        return self.ks[self.i % len(self.ks)]
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return tiny_weights()
+
+
+@pytest.fixture(scope="module")
+def prompts(trained_heads):
+    return trained_heads["eagle"].prompts[:12] + random_prompts(1, 100, 100, seed=9)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_greedy_equals_plain_decoding_whatever_k_the_policy_picks(weights, prompts, trained_heads, method):
+    """k changes every step (0 included: the next step then has no drafts to verify): greedy outputs equal plain
+    decoding, async and sync, with preemption."""
+    plain = [o.outputs[0].token_ids for o in make_llm(weights).generate(prompts, GREEDY, use_tqdm=False)]
+    spec = {"method": method, "model": str(trained_heads[method].path), "num_speculative_tokens": K,
+            "dynamic": True}
+    llm = make_llm(weights, speculative_config=spec, num_pages=40, max_num_seqs=6)
+    assert llm.llm_engine.spec_policy.choices == [0, 1, 2, 3]
+    for async_scheduling in (True, False):
+        llm.llm_engine.spec_policy = Cycle(K, [3, 0, 1, 2, 0, 0, 3, 1])
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False, async_scheduling=async_scheduling)
+        assert [o.outputs[0].token_ids for o in outs] == plain, f"async={async_scheduling}"
+        assert all(llm.llm_engine.spec_policy.num_steps_by_k[k] > 0 for k in range(K + 1))
+    m = llm.get_metrics()
+    assert m["num_preemptions"] > 0
+    assert 1.0 < m["mean_acceptance_length"] < K + 1
+    assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
+
+
+def test_dynamic_policy_runs_and_reports_its_choices(weights, prompts, trained_heads):
+    """The dynamic policy measures its step-time model at start-up, compiles a decode program for every k, runs
+    without compiling, and its choices show in get_metrics()."""
+    spec = {"method": "eagle", "model": str(trained_heads["eagle"].path), "num_speculative_tokens": K,
+            "dynamic": True}
+    llm = make_llm(weights, speculative_config=spec, warmup=True, max_num_seqs=4, decode_buckets=[2, 4],
+                   prefill_buckets=[64])
+    policy = llm.llm_engine.spec_policy
+    assert isinstance(policy, DynamicPolicy)
+    assert set(policy.step_times) == {(B, k) for B in (2, 4) for k in range(K + 1)}
+    assert llm.num_compiled == 3 * (2 * (K + 1) + 1)
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=20)
+                  for i in range(len(prompts))]
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+    steps = llm.get_metrics()["num_steps_by_k"]
+    assert sum(steps.values()) > 0 and set(steps) == set(range(K + 1))
+
+
+# ---- the policies, with a made-up step-time model
+
+def _times(buckets, cost_per_k):
+    return {(B, k): 1.0 + cost_per_k * k for B in buckets for k in range(K + 1)}
+
+
+def test_dynamic_policy_follows_the_acceptance_it_observes():
+    p = DynamicPolicy(K, num_slots=8)
+    p.set_step_times(_times([8], 0.1))
+    slots = np.arange(8)
+    assert p.choose(8, 8, slots) == K  # the prior (0.6 per position) pays for drafts costing 10 % each
+    for _ in range(60):  # drafts never accepted
+        p.observe(slots, K, np.zeros(8, np.int64))
+    assert p.choose(8, 8, slots) == 0
+    for _ in range(400):  # no drafts offered any more: the estimates drift back to the prior, and it tries again
+        p.observe(slots, 0, np.zeros(8, np.int64))
+        if p.choose(8, 8, slots) > 0:
+            break
+    assert p.choose(8, 8, slots) > 0
+    for _ in range(60):  # everything accepted
+        p.observe(slots, K, np.full(8, K))
+    assert p.choose(8, 8, slots) == K
+
+
+def test_dynamic_policy_weighs_each_request_and_the_step_cost():
+    p = DynamicPolicy(K, num_slots=8)
+    p.set_step_times(_times([4], 0.4))
+    good, bad = np.array([0, 1]), np.array([2, 3])
+    for _ in range(30):
+        p.observe(good, K, np.full(2, K))
+        p.observe(bad, K, np.zeros(2, np.int64))
+    assert p.choose(2, 4, good) == K and p.choose(2, 4, bad) == 0
+    e_good, e_bad = p.expected_tokens(good), p.expected_tokens(bad)
+    assert e_good[K] > 3 * 2 and e_bad[K] < 1.5 * 2 and e_good[0] == e_bad[0] == 2
+    p.reset_slots([0, 1])  # new requests there: back to the global estimate
+    assert np.allclose(p.acceptance(good), p.acceptance(np.array([5, 6])))
+    expensive = DynamicPolicy(K, num_slots=8)
+    expensive.set_step_times(_times([4], 5.0))  # drafting costs five steps' worth per draft: never worth it
+    assert expensive.choose(2, 4, good) == 0
+
+
+def test_table_policy_and_config_validation():
+    t = TablePolicy(K, {1: 3, 24: 1, 96: 0})
+    assert [t.choose(n, n, np.arange(n)) for n in (1, 23, 24, 95, 96, 200)] == [3, 3, 1, 1, 0, 0]
+    assert t.choices == [0, 1, 3]
+    cfg = SpeculativeConfig.parse({"model": "h", "num_speculative_tokens": K,
+                                   "num_speculative_tokens_per_batch_size": {"1": 3, "32": 0}})
+    assert cfg.num_speculative_tokens_per_batch_size == {1: 3, 32: 0}
+    assert isinstance(spec_policy.make_policy(cfg, 4), TablePolicy)
+    bad = [({"dynamic": "yes"}, "dynamic"), ({"num_speculative_tokens_per_batch_size": {"2": 1}}, "batch size 1"),
+           ({"num_speculative_tokens_per_batch_size": {"1": 4}}, "k in"),
+           ({"num_speculative_tokens_per_batch_size": {"x": 1}}, "not an integer"),
+           ({"dynamic": True, "num_speculative_tokens_per_batch_size": {"1": 1}}, "exclude")]
+    for extra, message in bad:
+        with pytest.raises(ValueError, match=message):
+            SpeculativeConfig.parse({"model": "h", "num_speculative_tokens": K} | extra)
+
+
+# ---- losslessness with k changing between steps
+
+V, N, ALPHA = 5, 24_000, 0.01
+PROBS = np.array([[0.5, 0.2, 0.15, 0.1, 0.05], [0.05, 0.4, 0.3, 0.15, 0.1], [0.3, 0.05, 0.05, 0.3, 0.3],
+                  [0.1, 0.1, 0.6, 0.1, 0.1], [0.25, 0.25, 0.2, 0.2, 0.1], [0.6, 0.1, 0.1, 0.1, 0.1],
+                  [0.2, 0.2, 0.2, 0.2, 0.2], [0.1, 0.3, 0.3, 0.2, 0.1], [0.4, 0.1, 0.1, 0.1, 0.3],
+                  [0.2, 0.2, 0.2, 0.2, 0.2]], np.float32)  # the target's distribution at each position
+DRAFTS = np.array([4, 0, 1, 0, 3, 4, 1, 0, 2, 1], np.int32)  # per position: often improbable
+
+
+@functools.partial(jax.jit, static_argnames=("ks",))
+def _steps(seeds, ks):
+    """Per seed: steps with k = ks[0], ks[1], ... from position 0; the first 3 emitted tokens."""
+    logits_all = jnp.log(jnp.asarray(PROBS))
+
+    def one(seed):
+        pos, seq = jnp.int32(0), jnp.full((len(PROBS),), -1, jnp.int32)
+        for k in ks:
+            at = pos + jnp.arange(k + 1)
+            logits = logits_all[at][None]
+            drafts = jnp.asarray(DRAFTS)[at[1:]][None] if k else jnp.zeros((1, 0), jnp.int32)
+            one_ = lambda x, dtype: jnp.asarray([x], dtype)  # noqa: E731
+            emitted, n_acc = rejection_sample(logits, drafts, one_(k, jnp.int32), one_(1.0, jnp.float32),
+                                              one_(0, jnp.int32), one_(1.0, jnp.float32), seed[None],
+                                              one_(0, jnp.int32) + pos, all_greedy=False, filtered=False)
+            keep = jnp.arange(k + 1) <= n_acc[0]
+            seq = seq.at[jnp.where(keep, at, len(PROBS))].set(emitted[0], mode="drop")
+            pos = pos + n_acc[0] + 1
+        return seq[:3]
+
+    return jax.vmap(one)(seeds)
+
+
+@pytest.mark.parametrize("ks", [(2, 0, 1), (1, 3, 0), (0, 2, 2), (3, 1, 2)])
+def test_joint_distribution_is_the_target_with_k_changing_between_steps(ks):
+    """Chi-square over 24,000 seeds: the first three tokens' joint distribution equals the product of the
+    target's per-position distributions, whichever k each step drafted with."""
+    seqs = np.asarray(_steps(jnp.arange(N, dtype=jnp.uint32), ks))
+    assert (seqs >= 0).all()
+    cells = seqs[:, 0] * V * V + seqs[:, 1] * V + seqs[:, 2]
+    observed = np.bincount(cells, minlength=V ** 3)
+    p = PROBS.astype(np.float64)
+    expected = np.einsum("a,b,c->abc", p[0], p[1], p[2]).reshape(-1)
+    expected *= N / expected.sum()
+    assert chisquare(observed, expected).pvalue > ALPHA
