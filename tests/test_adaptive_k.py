@@ -15,7 +15,7 @@ from jaxspec.config import SpeculativeConfig
 from jaxspec.engine import spec_policy
 from jaxspec.engine.sampler import rejection_sample
 from jaxspec.engine.spec_policy import DynamicPolicy, SpecPolicy, TablePolicy
-from tests.tiny import make_llm, random_prompts, tiny_weights
+from tests.tiny import compiles, make_llm, random_prompts, tiny_weights
 
 K = 3
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -76,16 +76,11 @@ def test_dynamic_policy_runs_and_reports_its_choices(weights, prompts, trained_h
     assert isinstance(policy, DynamicPolicy)
     assert set(policy.step_times) == {(B, k) for B in (2, 4) for k in range(K + 1)}
     assert llm.num_compiled == 3 * (2 * (K + 1) + 1)
-    compiles = []
-    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=20)
-                  for i in range(len(prompts))]
+    params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=20)
+              for i in range(len(prompts))]
+    with compiles() as compiled:
         llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert compiles == []
+    assert compiled == []
     steps = llm.get_metrics()["num_steps_by_k"]
     assert sum(steps.values()) > 0 and set(steps) == set(range(K + 1))
 

@@ -9,7 +9,8 @@ import pytest
 from jaxspec import SamplingParams
 from jaxspec.models.kernel_config import KernelConfig
 from tests.numerics import FP32_EPS, assert_close_scaled
-from tests.tiny import CHARS, TINY, greedy_reference, make_llm, random_prompts, tiny_weights, write_char_tokenizer
+from tests.tiny import (CHARS, TINY, compiles, greedy_reference, make_llm, random_prompts, tiny_weights,
+                        write_char_tokenizer)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
@@ -134,16 +135,11 @@ def test_no_compilation_during_generation(weights, prompts):
                    kernel_config=KernelConfig(cublas_min_tokens=4))
     assert llm.engine_config.decode_buckets[0] < 4 <= llm.engine_config.decode_buckets[-1]
     assert all(programs(cublas) > before[cublas] for cublas in (False, True))
-    compiles = []
-    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9)
-                  for i in range(len(prompts))]
+    params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9)
+              for i in range(len(prompts))]
+    with compiles() as compiled:
         llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert compiles == []
+    assert compiled == []
     assert llm.num_compiled == 3 * (len(llm.engine_config.decode_buckets) + len(llm.engine_config.prefill_buckets))
 
 

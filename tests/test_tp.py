@@ -15,7 +15,7 @@ from jaxspec.convert.eagle import save_eagle
 from jaxspec.models import eagle, llama
 from tests import tiny
 from tests.numerics import FP32_EPS, assert_close_scaled
-from tests.tiny import TINY, random_prompts, tiny_weights
+from tests.tiny import TINY, compiles, random_prompts, tiny_weights
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (conftest.py forces 4 CPU devices)")
 
@@ -101,14 +101,9 @@ def test_no_compilation_during_generation_and_sampling_equals_tp1(weights, promp
     params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9,
                              ignore_eos=True) for i in range(len(prompts))]
     llm = make_llm(weights, speculative_config=spec(heads), tensor_parallel_size=2, warmup=True)
-    compiles = []
-    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compiles() as compiled:
         runs = generate(llm, prompts, params)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert compiles == []
+    assert compiled == []
     assert llm.num_compiled == 3 * 2
     assert runs[True] == runs[False]
     assert runs[True] == generate(make_llm(weights, speculative_config=spec(heads)), prompts, params)[True]
@@ -147,13 +142,7 @@ def test_tp_layout_computes_the_same_function(weights, heads, method):
     (TINY, dict(tensor_parallel_size=0), "integer >= 1"),
 ])
 def test_bad_tensor_parallel_size_is_rejected_before_anything_runs(weights, heads, cfg, kw, message):
-    compiles = []
-    listener = lambda event, duration, **k: compiles.append(event) if "backend_compile" in event else None  # noqa
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        with pytest.raises(ValueError, match=message):
-            LLM.from_weights(cfg, weights, max_model_len=64, max_num_seqs=2, warmup=False,
-                             speculative_config=spec(heads), **kw)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert compiles == []
+    with compiles() as compiled, pytest.raises(ValueError, match=message):
+        LLM.from_weights(cfg, weights, max_model_len=64, max_num_seqs=2, warmup=False,
+                         speculative_config=spec(heads), **kw)
+    assert compiled == []

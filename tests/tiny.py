@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jax
@@ -86,6 +88,18 @@ def write_random_head(path: Path, method: str = "eagle", seed: int = 5, cfg: lla
     head = eagle.EagleConfig.from_target(cfg, method)
     save_eagle(str(path), head, eagle.init(head, jax.random.key(seed), scale=0.2))
     return path
+
+
+@contextmanager
+def compiles() -> Iterator[list[str]]:
+    """The XLA compilations that happen inside the block (jax's monitoring events)."""
+    events: list[str] = []
+    listener = lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None  # noqa
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab: int = TINY.vocab_size) -> list[list[int]]:
