@@ -201,7 +201,9 @@ class LLM:
         seqs = self._make_requests(prompts, sampling_params, RequestOutputKind.FINAL_ONLY)
         index = {seq.request_id: i for i, seq in enumerate(seqs)}
         results: list[RequestOutput | None] = [None] * len(seqs)
-        bar = tqdm(total=len(seqs), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
+        # no tqdm object at all unless asked for: it takes a process-wide lock, which an interrupt landing inside
+        # it can leave taken (every later bar would then hang)
+        bar = tqdm(total=len(seqs), desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
         start = last = time.perf_counter()
         with self._running(seqs):
             remaining = len(seqs)
@@ -212,13 +214,14 @@ class LLM:
                         results[i] = out
                         remaining -= 1
                 now = time.perf_counter()
-                if use_tqdm and now - last >= 0.2:  # redrawn at most 5 times a second, off the step's hot path
+                if bar is not None and now - last >= 0.2:  # redrawn at most 5 times a second, off the hot path
                     last = now
                     bar.update(len(seqs) - remaining - bar.n)
                     tokens = sum(len(s.output_token_ids) for s in seqs)
                     bar.set_postfix_str(f"output: {tokens / (now - start):.0f} tok/s")
-        bar.update(len(seqs) - bar.n)
-        bar.close()
+        if bar is not None:
+            bar.update(len(seqs) - bar.n)
+            bar.close()
         if self.llm_engine.k:
             m = self.llm_engine.spec_metrics
             logger.debug("spec decoding: mean acceptance length %.2f, per-position acceptance %s",

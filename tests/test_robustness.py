@@ -179,7 +179,8 @@ def test_generate_from_two_threads_takes_turns(weights, prompts, fresh):
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
     assert errors == []
     assert results == {i: [want[i]] * 3 for i in (0, 1)}
 
