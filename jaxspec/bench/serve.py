@@ -162,7 +162,9 @@ async def _arrivals(n: int, rate: float, burstiness: float, seed: int):
             await asyncio.sleep(rng.gamma(burstiness, 1.0 / (rate * burstiness)))
 
 
-async def benchmark(args: argparse.Namespace, requests: list[RequestInput], model: str) -> tuple[list, float]:
+async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
+                    model: str) -> tuple[list[RequestResult], float, float | None]:
+    """(results, duration, mean acceptance length from the server's counters, if it has them)."""
     import httpx
     from tqdm.auto import tqdm
 
@@ -175,6 +177,7 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput], mode
         first = await send(client, url, headers, requests[0].body | sampling, time.perf_counter())
         if not first.success:
             raise RuntimeError(f"the first request failed: {first.error}")
+        before = await _spec_counters(client, args.base_url)
         bar = tqdm(total=len(requests), disable=args.disable_tqdm, desc="requests", dynamic_ncols=True)
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
         t0 = time.perf_counter()
@@ -193,7 +196,8 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput], mode
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         bar.close()
-    return list(results), duration
+        after = await _spec_counters(client, args.base_url)
+    return list(results), duration, acceptance_length(before, after)
 
 
 def _headers(args: argparse.Namespace) -> dict:
@@ -239,6 +243,19 @@ def print_summary(m: dict) -> None:
     print(report.markdown_table(["metric", "value"], rows))
 
 
+def sweep_table(results: list[dict]) -> str:
+    """One row per run (e.g. per mode and rate of bench/serve_sweep.sh): latency percentiles and identity."""
+    rows = []
+    for r in results:
+        same = r.get("compare")
+        rows.append([r.get("label") or r["model_id"], r["request_rate"], f'{r["completed"]}/{r["num_prompts"]}',
+                     r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"],
+                     r["p99_tpot_ms"], r["median_itl_ms"], r["mean_acceptance_length"],
+                     f'{same["identical"]}/{same["compared"]}' if same else "-"])
+    return report.markdown_table(["mode", "rate", "ok", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+                                  "TPOT p99 ms", "ITL p50 ms", "accept len", "identical"], rows)
+
+
 async def _spec_counters(client, base_url: str) -> dict[str, float] | None:
     """The server's spec-decode counters (vLLM's names), or None when it has none (or no /metrics)."""
     try:
@@ -281,11 +298,8 @@ async def run_async(args: argparse.Namespace) -> dict:
     requests = load_requests(args)
     async with httpx.AsyncClient(timeout=30.0) as client:
         model = args.model or await _model_name(client, args)
-        before = await _spec_counters(client, args.base_url)
-        results, duration = await benchmark(args, requests, model)
-        after = await _spec_counters(client, args.base_url)
-    metrics = summarize(results, duration)
-    metrics["mean_acceptance_length"] = acceptance_length(before, after)
+    results, duration, acceptance = await benchmark(args, requests, model)
+    metrics = summarize(results, duration) | {"mean_acceptance_length": acceptance}
     result = {"date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
               "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]), "label": args.label,
               "base_url": args.base_url, "endpoint": args.endpoint, "model_id": model,

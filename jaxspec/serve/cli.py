@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--decode-buckets", type=_ints, help="decode batch sizes to compile, e.g. 1,16,64 (default: "
                                                         "powers of two up to --max-num-seqs)")
     e.add_argument("--prefill-buckets", type=_ints, help="prefill token counts to compile, e.g. 512,2048")
+    e.add_argument("--layer-loop", default="auto", choices=["auto", "unroll", "scan"],
+                   help="auto: unrolled on a GPU (fastest, slow to compile); scan compiles in seconds")
     e.add_argument("--compilation-cache-dir", help="JAX's persistent compilation cache: a restart with the same "
                                                    "shapes loads its programs instead of compiling them")
 
@@ -64,7 +66,7 @@ def build_llm(args: argparse.Namespace):
                gpu_memory_utilization=args.gpu_memory_utilization, tensor_parallel_size=args.tensor_parallel_size,
                page_size=args.block_size, num_pages=args.num_gpu_blocks_override, load_format=args.load_format,
                async_scheduling=args.async_scheduling, speculative_config=spec,
-               decode_buckets=args.decode_buckets, prefill_buckets=args.prefill_buckets)
+               decode_buckets=args.decode_buckets, prefill_buckets=args.prefill_buckets, layer_loop=args.layer_loop)
 
 
 def run(args: argparse.Namespace) -> None:
