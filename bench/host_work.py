@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec import LLM, SamplingParams, presets  # noqa: E402
+from jaxspec.loader import dummy_config  # noqa: E402
 
 
 def tiny_model_dir(hf: Path) -> Path:
@@ -50,9 +51,11 @@ def main() -> None:
 
     hf = presets.fetch_preset().parent / "hf"
     spec = {"method": "eagle", "model": "-", "num_speculative_tokens": args.k} if args.k else None
-    llm = LLM(str(tiny_model_dir(hf)), load_format="dummy", dtype="float32", speculative_config=spec,
-              synthetic_acceptance=0.7 if args.k else None, max_num_seqs=args.batch, max_model_len=512,
-              decode_buckets=[args.batch], prefill_buckets=[256, 2048], warmup=False)
+    model_dir = tiny_model_dir(hf)
+    llm = LLM.from_weights(dummy_config(model_dir, "float32"), None, tokenizer=model_dir, load_format="dummy",
+                           speculative_config=spec, synthetic_acceptance=0.7 if args.k else None,
+                           max_num_seqs=args.batch, max_model_len=512, decode_buckets=[args.batch],
+                           prefill_buckets=[256, 2048], warmup=False)
     prompts = np.random.default_rng(0).integers(0, 49152, (args.batch, 32)).tolist()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # compiles

@@ -31,7 +31,7 @@ from jaxspec.bench.engine import decode_step_time  # noqa: E402
 
 def step_time(llm: LLM, B: int, context: int, iters: int) -> float:
     """Seconds per decode step at batch B, every slot at `context` tokens, steps dispatched back to back."""
-    return decode_step_time(llm.engine.runner, B, context, iters).pipelined_s
+    return decode_step_time(llm.llm_engine.runner, B, context, iters).pipelined_s
 
 
 def main() -> None:
@@ -73,7 +73,7 @@ def main() -> None:
                "attn_impl": llm.model_config.attn_impl,
                "layer_loop": llm.model_config.layer_loop, "xla_flags": os.environ.get("XLA_FLAGS", ""),
                "num_pages": llm.engine_config.num_pages,
-               "weight_bytes_per_device": parallel.bytes_per_device(llm.engine.runner.tw, tp),
+               "weight_bytes_per_device": parallel.bytes_per_device(llm.llm_engine.runner.tw, tp),
                "build_s": round(time.perf_counter() - t0, 1)}
         for B in batches:
             row[f"step_ms_b{B}_ctx{args.context}"] = round(step_time(llm, B, args.context, args.iters) * 1e3, 3)

@@ -41,6 +41,13 @@ def buckets_up_to(limit: int, smallest: int = 1, factor: int = 2) -> list[int]:
     return sizes + [limit]
 
 
+def _trim(buckets: list[int], limit: int) -> list[int]:
+    """Sorted, without duplicates, and nothing past the first size that reaches `limit` (never used, never compiled)."""
+    sizes = sorted(set(buckets))
+    reach = [b for b in sizes if b >= limit]
+    return [b for b in sizes if b < limit] + reach[:1]
+
+
 @dataclass
 class EngineConfig:
     max_model_len: int
@@ -50,22 +57,29 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int = 0  # KV pages in the pool; 0 = size from memory_fraction (GPU) or enough for max_num_seqs
     memory_fraction: float = 0.85  # of device memory, for weights + KV pool, when num_pages is 0
-    async_scheduling: bool = True
     seed: int = 0
     speculative: SpeculativeConfig | None = None
     decode_buckets: list[int] = field(default_factory=list)
     prefill_buckets: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size",
+                     "num_pages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "num_pages" else 1):
+                raise ValueError(f"{name} must be an integer >= {0 if name == 'num_pages' else 1}, got {value!r}")
+        for name in ("decode_buckets", "prefill_buckets"):
+            if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in getattr(self, name)):
+                raise ValueError(f"{name} must be positive integers, got {getattr(self, name)!r}")
         self.max_prefill_seqs = min(self.max_prefill_seqs, self.max_num_seqs)
-        self.decode_buckets = sorted(self.decode_buckets or buckets_up_to(self.max_num_seqs))
+        # a prefill step carries at most max_prefill_seqs chunks, each shorter than max_model_len: no bucket past that
+        self.max_num_batched_tokens = min(self.max_num_batched_tokens,
+                                          self.max_prefill_seqs * max(1, self.max_model_len - 1))
+        self.decode_buckets = _trim(self.decode_buckets or buckets_up_to(self.max_num_seqs), self.max_num_seqs)
         # prefill sizes grow by 4x: a prompt pays at most 4x its tokens in padding, and each bucket is a compile
         # (tens of seconds on a GPU with the unrolled layer loop)
-        self.prefill_buckets = sorted(self.prefill_buckets or buckets_up_to(
-            self.max_num_batched_tokens, min(16, self.max_num_batched_tokens), factor=4))
+        self.prefill_buckets = _trim(self.prefill_buckets or buckets_up_to(
+            self.max_num_batched_tokens, min(16, self.max_num_batched_tokens), factor=4), self.max_num_batched_tokens)
         if self.decode_buckets[-1] < self.max_num_seqs:
             raise ValueError(f"decode_buckets {self.decode_buckets} must reach max_num_seqs={self.max_num_seqs}")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:

@@ -1,326 +1,328 @@
-"""The public offline API, modelled on vLLM's `LLM`: load once, then `generate` / `chat` batches of requests."""
+"""The public offline API, modelled on vLLM's `LLM`: load once, then `generate` / `chat` batches of requests, or
+stream them; `llm_engine` is the step machine underneath (add_request / step / abort_request)."""
 
 from __future__ import annotations
 
-import json
 import logging
+import os
+import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from tqdm.auto import tqdm
 
-from jaxspec import parallel
+from jaxspec import loader, parallel
 from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
+from jaxspec.engine.input_processor import InputProcessor
 from jaxspec.engine.llm_engine import LLMEngine
 from jaxspec.engine.model_runner import ModelRunner
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
-from jaxspec.models import eagle, llama
-from jaxspec.sampling_params import SamplingParams
+from jaxspec.models import attention, eagle, llama
+from jaxspec.outputs import RequestOutput
+from jaxspec.sampling_params import RequestOutputKind, SamplingParams
+from jaxspec.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("jaxspec")
 
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    stop_reason: int | str | None = None
+# The KV pool on a CPU (no device memory to measure): at most this much, and at most CPU_KV_FRACTION of the
+# memory available when the LLM is built. vLLM's CPU backend likewise takes a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
+CPU_KV_BYTES = 1 << 30
+CPU_KV_FRACTION = 0.25
 
 
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput] = field(default_factory=list)
-    finished: bool = True
-
-
-def _default_attn_impl() -> str:
-    return "pallas" if jax.default_backend() == "gpu" else "xla"
-
-
-def _default_dtype() -> str | None:
-    """bf16 on an accelerator (as the checkpoints' torch_dtype says for Llama models); the stored dtype elsewhere."""
-    return "bfloat16" if jax.default_backend() == "gpu" else None
-
-
-def _default_layer_loop() -> str:
-    return "unroll" if jax.default_backend() == "gpu" else "scan"
-
-
-def load_tokenizer(path: str | Path) -> Any | None:
-    """The model directory's tokenizer (transformers), or None when it ships none (token-id-only use)."""
-    path = Path(path)
-    for d in (path, path / "hf", path.parent / "hf"):
-        if (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists():
-            from transformers import AutoTokenizer
-            return AutoTokenizer.from_pretrained(str(d))
-    return None
-
-
-def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
-    import json
-    ids: set[int] = set()
-    for d in (path, path / "hf", path.parent / "hf"):
-        gen = d / "generation_config.json"
-        if gen.exists():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-            break
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-
-
-def _place_weights(target_w, draft_w, mesh, tp: int, draft_tp: int) -> tuple:
-    """On the device; under tensor parallelism straight onto their shards, so the whole copies are freed before
-    the runner allocates the KV pool."""
-    if mesh is None:
-        return jax.tree.map(jnp.asarray, target_w), (None if draft_w is None else jax.tree.map(jnp.asarray, draft_w))
-    target_w = parallel.place(target_w, parallel.weight_shardings(target_w, mesh, tp))
-    if draft_w is not None:
-        draft_w = parallel.place(draft_w, parallel.weight_shardings(draft_w, mesh, draft_tp))
-    return target_w, draft_w
+def available_memory() -> int:
+    """Bytes of host memory available now (Linux MemAvailable; free pages elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class LLM:
     """`LLM(model=...)` loads a converted checkpoint, an HF Llama directory, or a preset name (e.g.
-    "smollm2-135m-instruct", fetched and converted on first use)."""
+    "smollm2-135m-instruct", fetched and converted on first use). `LLM.from_weights` builds one over weights
+    already in memory."""
 
-    def __init__(self, model: str, *, tokenizer: str | None = None, max_model_len: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, async_scheduling: bool = True,
-                 seed: int = 0, dtype: str = "auto", speculative_config: dict | None = None,
-                 page_size: int = 16, num_pages: int = 0, memory_fraction: float = 0.85,
-                 attn_impl: str = "auto", layer_loop: str = "auto", max_prefill_seqs: int = 8,
-                 load_format: str = "auto", weights: tuple | None = None, warmup: bool = True,
-                 synthetic_acceptance: float | None = None, decode_buckets: list[int] | None = None,
-                 prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
-                 draft_tensor_parallel_size: int | None = None):
+    def __init__(self, model: str, *, tokenizer: str | None = None, dtype: str = "auto", load_format: str = "auto",
+                 seed: int = 0, speculative_config: dict | None = None, **engine_args: Any):
+        """Engine arguments (vLLM's names where vLLM has them): max_model_len, max_num_seqs=64,
+        max_num_batched_tokens=2048, async_scheduling=True, page_size=16, num_pages=0 (size from memory),
+        gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
+        layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
+        tensor_parallel_size=1, draft_tensor_parallel_size."""
+        path, target_cfg, target_w = loader.load_target(model, load_format, dtype)
+        self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
+                    load_format=load_format, seed=seed, speculative_config=speculative_config, **engine_args)
+
+    @classmethod
+    def from_weights(cls, config: llama.Config, weights: llama.Weights | None = None, *,
+                     tokenizer: str | Path | None = None, load_format: str = "auto", seed: int = 0,
+                     speculative_config: dict | None = None, synthetic_acceptance: float | None = None,
+                     **engine_args: Any) -> "LLM":
+        """An LLM over in-memory weights (tests, benchmarks, other programs); `weights=None` draws random ones of
+        the config's shape. `tokenizer`: a directory holding one (optional). load_format="dummy" also draws a
+        random EAGLE head, and `synthetic_acceptance` (benchmarks only) then accepts each draft position with
+        that probability instead of by the target."""
+        if synthetic_acceptance is not None and (speculative_config is None or load_format != "dummy"):
+            raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        llm = cls.__new__(cls)
+        llm._build(config, weights, tokenizer_dir=tokenizer, explicit_tokenizer=tokenizer is not None,
+                   load_format=load_format, seed=seed, speculative_config=speculative_config,
+                   synthetic_acceptance=synthetic_acceptance, **engine_args)
+        return llm
+
+    def _build(self, target_cfg: llama.Config, target_w: llama.Weights | None, *, tokenizer_dir, explicit_tokenizer,
+               load_format: str, seed: int, speculative_config, synthetic_acceptance: float | None = None,
+               max_model_len: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+               async_scheduling: bool = True, page_size: int = 16, num_pages: int = 0,
+               gpu_memory_utilization: float | None = None, memory_fraction: float = 0.85,
+               kv_cache_memory_bytes: int | None = None, attn_impl: str = "auto", layer_loop: str = "auto",
+               max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
+               prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
+               draft_tensor_parallel_size: int | None = None) -> None:
+        loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         spec = SpeculativeConfig.parse(speculative_config)
+        memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
         tp, draft_tp = tensor_parallel_size, draft_tensor_parallel_size or tensor_parallel_size
         if draft_tp not in (1, tp):
             raise ValueError(f"draft_tensor_parallel_size must be 1 (head replicated) or tensor_parallel_size={tp}, "
                              f"got {draft_tp}")
-        if synthetic_acceptance is not None and (spec is None or load_format != "dummy"):
-            raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
-        path, target_cfg, target_w = self._load_target(model, weights, load_format, dtype, seed)
+        if warmup not in (True, False, "auto"):
+            raise ValueError(f"warmup must be True, False or 'auto', got {warmup!r}")
         target_cfg = target_cfg.replace(
-            attn_impl=_default_attn_impl() if attn_impl == "auto" else attn_impl,
-            layer_loop=_default_layer_loop() if layer_loop == "auto" else layer_loop)
+            attn_impl=loader.default_attn_impl() if attn_impl == "auto" else attn_impl,
+            layer_loop=loader.default_layer_loop() if layer_loop == "auto" else layer_loop)
         parallel.validate(target_cfg, tp)
         if target_w is None:
             target_w = llama.init(target_cfg, jax.random.key(seed))
         target_cfg, target_w = parallel.prepare(target_cfg, target_w, tp)
         self.model_config = target_cfg
-        self.tokenizer = load_tokenizer(tokenizer or path)
+        self.tokenizer = load_tokenizer(tokenizer_dir, must_exist=explicit_tokenizer) if tokenizer_dir else None
         draft_cfg = draft_w = None
         if spec is not None:
-            draft_cfg, draft_w = self._load_draft(spec, target_cfg, load_format, seed)
+            draft_cfg, draft_w = loader.load_draft(spec, target_cfg, load_format, seed)
             draft_cfg, draft_w = parallel.prepare(draft_cfg, draft_w, draft_tp, "draft_tensor_parallel_size")
-        max_model_len = max_model_len or min(target_cfg.max_position_embeddings, 4096)
+        max_model_len = _max_model_len(max_model_len, target_cfg)
         cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
-                           page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction,
-                           async_scheduling=async_scheduling, seed=seed, speculative=spec,
-                           decode_buckets=decode_buckets or [], prefill_buckets=prefill_buckets or [])
-        cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, target_w, draft_w)
+                           page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
+                           speculative=spec, decode_buckets=decode_buckets or [],
+                           prefill_buckets=prefill_buckets or [])
+        cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, target_w, draft_w,
+                                                            kv_cache_memory_bytes)
         if cfg.num_pages < cfg.pages_per_seq:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
                              f"{cfg.max_model_len} ({cfg.pages_per_seq} pages of {cfg.page_size})")
         self.engine_config = cfg
         mesh = parallel.make_mesh(tp) if tp > 1 else None
-        target_w, draft_w = _place_weights(target_w, draft_w, mesh, tp, draft_tp)
+        target_w, draft_w = loader.place_weights(target_w, draft_w, mesh, tp, draft_tp)
         runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance, mesh)
-        # warmup=False compiles each bucket on first use instead (quicker start for tests and one-off scripts)
-        self.num_compiled = runner.warmup() if warmup else 0
-        processor = OutputProcessor(self.tokenizer, eos_token_ids(self.tokenizer, path), max_model_len)
-        self.engine = LLMEngine(cfg, runner, processor)
+        if warmup is True or (warmup == "auto" and jax.default_backend() != "cpu"):
+            self.num_compiled = runner.warmup()
+        else:  # each program compiles on first use (logged), quicker to start on a CPU
+            self.num_compiled = 0
+        eos = eos_token_ids(self.tokenizer, Path(tokenizer_dir)) if tokenizer_dir else set()
+        self.llm_engine = LLMEngine(cfg, runner,
+                                    InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed),
+                                    OutputProcessor(self.tokenizer, eos, max_model_len), async_scheduling)
         self._next_request = 0
-
-    @classmethod
-    def _load_target(cls, model: str, weights: tuple | None, load_format: str, dtype: str,
-                     seed: int) -> tuple[Path, llama.Config, llama.Weights | None]:
-        """(path, config, weights); weights None for load_format='dummy' (random ones are made after the config
-        is final)."""
-        if weights is not None:  # (Config, Weights) given directly: tests and embedding in other programs
-            return Path(model), *weights
-        if load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
-            return Path(model), cls._dummy_config(Path(model), dtype), None
-        from jaxspec.convert.checkpoint import load_model
-
-        path = cls._resolve(model)
-        return path, *load_model(path, _default_dtype() if dtype == "auto" else dtype)
+        self._lock = threading.Lock()
+        self._owner: int | None = None  # the thread inside generate (re-entry from it would deadlock)
+        self._owned: list[str] = []  # request ids of the generate call in progress (or interrupted)
 
     @staticmethod
-    def _resolve(model: str) -> Path:
-        path = Path(model)
-        if path.exists():
-            return path
-        from jaxspec import presets
-        if model in presets.list_presets():
-            return presets.fetch_preset(model)
-        raise ValueError(f"model {model!r} is neither a directory nor a known preset ({presets.list_presets()})")
-
-    @staticmethod
-    def _dummy_config(path: Path, dtype: str) -> llama.Config:
-        """The shape of a model from its config.json alone (a directory or the file itself)."""
-        config_file = path / "config.json" if path.is_dir() else path
-        if not config_file.exists():
-            raise ValueError(f"{config_file}: load_format='dummy' needs a config.json to take the shape from")
-        hf = json.loads(config_file.read_text())
-        if dtype == "auto":
-            stored = hf.get("dtype", hf.get("torch_dtype", "bfloat16"))  # transformers 5 writes "dtype"
-            dtype = {"bfloat16": "bfloat16", "float16": "bfloat16"}.get(stored, "float32")
-        return llama.Config.from_hf(hf, dtype=dtype, source=str(config_file))
-
-    @staticmethod
-    def _load_draft(spec: SpeculativeConfig, target_cfg: llama.Config, load_format: str,
-                    seed: int) -> tuple[eagle.EagleConfig, eagle.EagleWeights]:
-        from jaxspec.convert.eagle import load_eagle
-        if load_format == "dummy":  # a head shaped like one target layer, random weights
-            draft_cfg = eagle.EagleConfig.from_target(target_cfg, spec.method)
-            draft_w = eagle.init(draft_cfg, jax.random.key(seed + 1))
-        else:
-            draft_cfg, draft_w = load_eagle(spec.model, target_cfg, spec.method)
-        draft_cfg = draft_cfg.replace(attn_impl=target_cfg.attn_impl, dtype=target_cfg.dtype)
-        dtype = target_cfg.jnp_dtype
-        draft_w = jax.tree.map(lambda a: jnp.asarray(a).astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
-                               else jnp.asarray(a), draft_w)
-        return draft_cfg, draft_w
-
-    @staticmethod
-    def _size_kv_pool(cfg: EngineConfig, tcfg: llama.Config, dcfg: eagle.EagleConfig | None, tw, dw) -> int:
-        """Pages for the pool: on an accelerator, what fits in memory_fraction of it next to the weights;
-        elsewhere, enough for every slot at max_model_len."""
+    def _size_kv_pool(cfg: EngineConfig, tcfg: llama.Config, dcfg: eagle.EagleConfig | None, tw, dw,
+                      kv_cache_memory_bytes: int | None) -> int:
+        """Pages for the pool: what fits in the KV budget, at most enough for every slot at max_model_len. The
+        budget: kv_cache_memory_bytes if given; on an accelerator, memory_fraction of it minus the weights; on a
+        CPU, CPU_KV_BYTES or CPU_KV_FRACTION of the available memory, whichever is less."""
         enough = cfg.max_num_seqs * cfg.pages_per_seq + 1
-        stats = jax.devices()[0].memory_stats() or {}
-        limit = stats.get("bytes_limit")
-        if jax.default_backend() == "cpu" or not limit:
-            return enough
-        # per device: tensor parallelism splits weights and KV heads (a draft head at tp 1 is whole on each)
-        weight_bytes = parallel.bytes_per_device(tw, tcfg.tp_size)
-        weight_bytes += parallel.bytes_per_device(dw, dcfg.tp_size) if dcfg else 0
-        per_page = 2 * cfg.page_size * tcfg.jnp_dtype.itemsize * (
-            tcfg.num_layers * tcfg.kv_heads_per_shard * tcfg.head_dim
-            + (dcfg.layer_config().kv_heads_per_shard * dcfg.head_dim if dcfg else 0))
-        fit = int((limit * cfg.memory_fraction - weight_bytes) // per_page)
-        return max(min(fit, enough), cfg.pages_per_seq)
-
-    # ---- requests
-
-    def _make_sequences(self, prompts, params) -> list[Sequence]:
-        """Validate every request before any runs; the ValueError names the request and the problem."""
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
-        seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
-            text, ids = self._tokenize(i, prompt)
-            try:
-                self._validate(ids, p)
-            except ValueError as e:
-                raise ValueError(f"request {i}: {e}") from None
-            rid = self._next_request + i
-            seed = p.seed if p.seed is not None else (self.engine_config.seed * 1_000_003 + rid) % 2**32
-            seqs.append(Sequence(request_id=rid, prompt_token_ids=ids, params=p, seed=seed, prompt=text))
-        self._next_request += len(seqs)
-        return seqs
-
-    def _validate(self, ids: list[int], p: SamplingParams) -> None:
-        p.validate()
-        if p.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none")
-        if len(ids) >= self.engine_config.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, but max_model_len="
-                             f"{self.engine_config.max_model_len} leaves no room to generate")
-        a = np.asarray(ids)  # one vectorized check: a Python loop over every prompt token costs ms per batch
-        bad = a[(a < 0) | (a >= self.model_config.vocab_size)]
-        if bad.size:
-            raise ValueError(f"token ids {bad[:5].tolist()} are outside the vocabulary "
-                             f"[0, {self.model_config.vocab_size})")
-
-    def _tokenize(self, i: int, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"request {i}: a text prompt needs a tokenizer; pass token ids instead")
-            ids = self.tokenizer.encode(prompt)
-            text = prompt
+        dtype = tcfg.jnp_dtype
+        per_page = attention.page_bytes(tcfg.num_layers, tcfg.kv_heads_per_shard, cfg.page_size, tcfg.head_dim, dtype)
+        if dcfg is not None:
+            per_page += attention.page_bytes(1, dcfg.layer_config().kv_heads_per_shard, cfg.page_size,
+                                             dcfg.head_dim, dtype)
+        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+        if kv_cache_memory_bytes is not None:
+            if not isinstance(kv_cache_memory_bytes, int) or kv_cache_memory_bytes <= 0:
+                raise ValueError(f"kv_cache_memory_bytes must be a positive integer, got {kv_cache_memory_bytes!r}")
+            budget, why = kv_cache_memory_bytes, "kv_cache_memory_bytes"
+        elif jax.default_backend() != "cpu" and limit:
+            # per device: tensor parallelism splits weights and KV heads (a draft head at tp 1 is whole on each)
+            weight_bytes = parallel.bytes_per_device(tw, tcfg.tp_size)
+            weight_bytes += parallel.bytes_per_device(dw, dcfg.tp_size) if dcfg else 0
+            budget = int(limit * cfg.memory_fraction - weight_bytes)
+            why = f"gpu_memory_utilization={cfg.memory_fraction} of {limit / 2**30:.1f} GiB, less the weights"
         else:
-            try:
-                a = np.asarray(prompt)
-            except ValueError:  # ragged nesting
-                a = np.asarray(prompt, dtype=object)
-            if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-                raise ValueError(f"request {i}: prompt token ids must be a flat sequence of integers, got "
-                                 f"shape {a.shape} of {a.dtype}")
-            ids, text = a.tolist(), None
-        if not ids:
-            raise ValueError(f"request {i}: the prompt is empty")
-        return text, ids
+            budget = int(min(CPU_KV_BYTES, CPU_KV_FRACTION * available_memory()))
+            why = (f"CPU: the smaller of {CPU_KV_BYTES / 2**30:.0f} GiB and {CPU_KV_FRACTION:.0%} of available memory; "
+                   "pass kv_cache_memory_bytes or num_pages for more")
+        pages = min(max(budget, 0) // per_page, enough)
+        if pages < cfg.pages_per_seq:
+            raise ValueError(f"the KV cache budget ({why}: {max(budget, 0) / 2**20:.0f} MiB) holds {pages} pages of "
+                             f"{cfg.page_size} tokens, fewer than one sequence of max_model_len={cfg.max_model_len} "
+                             f"needs ({cfg.pages_per_seq}): lower max_model_len or raise the budget")
+        logger.info("KV cache: %d pages of %d tokens (%d tokens, %.2f GiB)%s; %s", pages, cfg.page_size,
+                    pages * cfg.page_size, pages * per_page / 2**30,
+                    " = every slot at max_model_len" if pages == enough else "", why)
+        return pages
+
+    # ---- the API
+
+    def get_tokenizer(self) -> Any | None:
+        return self.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for text prompts or token-id lists; outputs come back in the order of the prompts."""
-        seqs = self._make_sequences(prompts, sampling_params)
-        for seq in seqs:
-            self.engine.add(seq)
+                 use_tqdm: bool = True, async_scheduling: bool | None = None) -> list[RequestOutput]:
+        """Generate for text prompts or token-id lists; outputs come back in the order of the prompts. Every
+        request is validated before any runs (a ValueError names the request). `async_scheduling` overrides
+        the LLM's for this call (outputs are identical either way). Thread-safe: concurrent calls take turns."""
+        seqs = self._make_requests(prompts, sampling_params, RequestOutputKind.FINAL_ONLY)
+        index = {seq.request_id: i for i, seq in enumerate(seqs)}
+        results: list[RequestOutput | None] = [None] * len(seqs)
         bar = tqdm(total=len(seqs), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
         start = last = time.perf_counter()
-
-        def progress() -> None:  # after a commit; redrawn at most 5 times a second, off the step's hot path
-            nonlocal last
-            now = time.perf_counter()
-            if now - last < 0.2:
-                return
-            last = now
-            bar.update(sum(s.is_finished for s in seqs) - bar.n)
-            bar.set_postfix_str(f"output: {sum(len(s.output_token_ids) for s in seqs) / (now - start):.0f} tok/s")
-
-        self.engine.run(on_commit=progress if use_tqdm else None)
+        with self._running(seqs):
+            remaining = len(seqs)
+            while remaining:
+                for out in self.llm_engine.step(async_scheduling):
+                    i = index.get(out.request_id)
+                    if i is not None and out.finished:
+                        results[i] = out
+                        remaining -= 1
+                now = time.perf_counter()
+                if use_tqdm and now - last >= 0.2:  # redrawn at most 5 times a second, off the step's hot path
+                    last = now
+                    bar.update(len(seqs) - remaining - bar.n)
+                    tokens = sum(len(s.output_token_ids) for s in seqs)
+                    bar.set_postfix_str(f"output: {tokens / (now - start):.0f} tok/s")
         bar.update(len(seqs) - bar.n)
         bar.close()
-        if self.engine.k:
-            m = self.engine.spec_metrics
-            logger.info("spec decoding: mean acceptance length %.2f, per-position acceptance %s",
+        if self.llm_engine.k:
+            m = self.llm_engine.spec_metrics
+            logger.debug("spec decoding: mean acceptance length %.2f, per-position acceptance %s",
                         m.mean_acceptance_length, [round(r, 3) for r in m.as_dict()["acceptance_rate_per_position"]])
-        return [self._output(s) for s in seqs]
+        return results
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        """A finished request's output; its text was decoded as it finished (OutputProcessor)."""
-        return RequestOutput(request_id=str(seq.request_id), prompt=seq.prompt,
-                             prompt_token_ids=seq.prompt_token_ids,
-                             outputs=[CompletionOutput(0, seq.text, list(seq.output_token_ids), seq.finish_reason,
-                                                       seq.stop_reason)])
+    def generate_stream(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                        async_scheduling: bool | None = None) -> Iterator[RequestOutput]:
+        """Like `generate`, but yields each request's new text as it comes: RequestOutputs with only the tokens
+        and text added since that request's last one (output_kind DELTA), the last with `finished=True`.
+        `request_id` tells the requests apart ("0", "1", ... in the order of the prompts, offset by earlier
+        calls). Closing the generator early aborts the requests still running."""
+        seqs = self._make_requests(prompts, sampling_params, RequestOutputKind.DELTA)
+        ids = {seq.request_id for seq in seqs}
+        with self._running(seqs):
+            remaining = len(seqs)
+            while remaining:
+                for out in self.llm_engine.step(async_scheduling):
+                    if out.request_id in ids:
+                        remaining -= out.finished
+                        yield out
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
+             async_scheduling: bool | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of them, through the model's chat template."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template; this model has none")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         texts = [render_chat(self.tokenizer, conv) for conv in conversations]
         prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)} for t in texts]
-        outs = self.generate(prompts, sampling_params, use_tqdm)
+        outs = self.generate(prompts, sampling_params, use_tqdm, async_scheduling)
         for out, text in zip(outs, texts):
             out.prompt = text
         return outs
 
     def get_metrics(self) -> dict:
-        """Speculative decoding counters and step timing since the LLM was built."""
-        t = self.engine.times
-        return {**self.engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "host_wait_s": t.host_wait_s,
-                "wall_s": t.wall_s, "num_preemptions": self.engine.scheduler.num_preemptions,
-                "num_compiled": self.num_compiled}
+        """Speculative decoding counters, step timing and the scheduler's state."""
+        engine = self.llm_engine
+        t, sched = engine.times, engine.scheduler
+        return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "host_wait_s": t.host_wait_s,
+                "wall_s": t.wall_s, "num_preemptions": sched.num_preemptions, "num_compiled": self.num_compiled,
+                "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting),
+                "num_free_pages": engine.block_manager.num_free, "num_pages": self.engine_config.num_pages}
+
+    # ---- requests of one call
+
+    def _make_requests(self, prompts, params, output_kind: RequestOutputKind) -> list[Sequence]:
+        """Validate every request before any is queued; the ValueError names the request (its index) and the
+        problem. The call's params are copies with its output_kind (the caller's objects are not changed)."""
+        if prompts is None:
+            raise ValueError("prompts must be a string, a list of token ids, or a list of prompts; got None")
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and
+                                                 isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"request {i}: sampling params must be a SamplingParams, got {type(p).__name__}")
+            try:
+                seqs.append(self.llm_engine.input_processor.process(str(self._next_request + i), prompt,
+                                                                    replace(p, output_kind=output_kind)))
+            except ValueError as e:
+                raise ValueError(f"request {i}: {e}") from None
+        self._next_request += len(seqs)
+        return seqs
+
+    @contextmanager
+    def _running(self, seqs: list[Sequence]):
+        """Queue a call's requests and own the engine while it runs them; whatever way the call ends early (an
+        exception, an interrupt, a closed generator), its requests are aborted and their pages freed before it
+        returns."""
+        if self._lock.locked() and self._owner == threading.get_ident():
+            raise RuntimeError("generate / generate_stream / chat called again from the thread that is inside one "
+                               "(e.g. from a generate_stream loop): finish or close the first call")
+        with self._lock:
+            self._owner = threading.get_ident()
+            engine = self.llm_engine
+            try:
+                # left over from a call that was interrupted while it ended
+                engine.abort_request(self._owned)
+                engine.forget(self._owned)
+                self._owned = [seq.request_id for seq in seqs]
+                for seq in seqs:
+                    engine.queue(seq)
+                yield
+                self._owned = []
+            finally:
+                if self._owned:
+                    engine.abort_request(self._owned)
+                    engine.drain()
+                    engine.forget(self._owned)
+                    self._owned = []
+                self._owner = None
+
+
+def _memory_fraction(gpu_memory_utilization: float | None, memory_fraction: float) -> float:
+    """vLLM's gpu_memory_utilization, or its older jaxspec name memory_fraction: a fraction in (0, 1]."""
+    value, name = ((gpu_memory_utilization, "gpu_memory_utilization") if gpu_memory_utilization is not None
+                   else (memory_fraction, "memory_fraction"))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be a fraction in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _max_model_len(max_model_len: int | None, cfg: llama.Config) -> int:
+    """The default (the model's positions, at most 4096) or the given length, which the positions must cover."""
+    if max_model_len is None:
+        return min(cfg.max_position_embeddings, 4096)
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
+        raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+    if max_model_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+                         f"{cfg.max_position_embeddings}")
+    return max_model_len

@@ -9,3 +9,18 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     # this when jax first initializes, so it must be set here, before any test module imports jax.
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def trained_heads(tmp_path_factory):
+    """EAGLE-1 and EAGLE-3 heads trained for seconds on the tiny target's (tests.tiny.tiny_weights()) own greedy
+    continuations of their prompts (a tiny random target is chaotic, so they draft well only there): acceptance
+    well between 0 and 1. {method: TinyHead}, each exported to a directory (speculative_config "model")."""
+    from jaxspec.train.tiny import train_tiny_head
+    from tests.tiny import TINY, tiny_weights
+
+    root = tmp_path_factory.mktemp("heads")
+    return {m: train_tiny_head(m, TINY, tiny_weights(), root / m) for m in ("eagle", "eagle3")}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxspec import LLM, SamplingParams
-from tests.tiny import CHARS, TINY, greedy_reference, random_prompts, tiny_weights, write_char_tokenizer
+from tests.tiny import CHARS, TINY, greedy_reference, make_llm, random_prompts, tiny_weights, write_char_tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
@@ -27,11 +27,6 @@ def reference(weights, prompts):
     return [greedy_reference(weights, TINY, p, GREEDY.max_tokens) for p in prompts]
 
 
-def make_llm(weights, path="tiny", **kw) -> LLM:
-    args = dict(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64, page_size=8, warmup=False)
-    return LLM(str(path), weights=(TINY, weights), **{**args, **kw})
-
-
 @pytest.mark.parametrize("mode", ["async", "sync", "chunked", "preempt"])
 def test_greedy_equals_full_sequence_loop(weights, prompts, reference, mode):
     kw = {"async_scheduling": mode != "sync"}
@@ -45,7 +40,7 @@ def test_greedy_equals_full_sequence_loop(weights, prompts, reference, mode):
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
     if mode == "preempt":
         assert llm.get_metrics()["num_preemptions"] > 0
-    assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+    assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
 
 
 def test_seeded_sampling_is_independent_of_mode_and_batch(weights, prompts):
@@ -120,9 +115,9 @@ def test_two_thousand_requests_complete_and_free_every_page(weights):
     assert len(outs) == 2000
     assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
     assert [o.prompt_token_ids for o in outs] == prompts
-    assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
-    assert sorted(llm.engine.scheduler.free_slots) == list(range(32))
-    assert not llm.engine.scheduler.has_unfinished()
+    assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
+    assert sorted(llm.llm_engine.scheduler.free_slots) == list(range(32))
+    assert not llm.llm_engine.scheduler.has_unfinished()
 
 
 def test_no_compilation_during_generation(weights, prompts, monkeypatch):
@@ -152,17 +147,17 @@ def test_no_compilation_during_generation(weights, prompts, monkeypatch):
 
 def test_async_dispatches_next_step_before_reading_previous(weights, prompts):
     llm = make_llm(weights)
-    llm.engine.trace = []
+    llm.llm_engine.trace = []
     llm.generate(prompts[:4], GREEDY, use_tqdm=False)
-    trace = llm.engine.trace
+    trace = llm.llm_engine.trace
     for event, step in trace:
         if event == "fetch":
             later = [s for e, s in trace[:trace.index((event, step))] if e == "dispatch"]
             assert step + 1 in later or step == max(s for e, s in trace if e == "dispatch")
     sync = make_llm(weights, async_scheduling=False)
-    sync.engine.trace = []
+    sync.llm_engine.trace = []
     sync.generate(prompts[:4], GREEDY, use_tqdm=False)
-    assert sync.engine.trace == [(e, s) for s in range(len(sync.engine.trace) // 2) for e in ("dispatch", "fetch")]
+    assert sync.llm_engine.trace == [(e, s) for s in range(len(sync.llm_engine.trace) // 2) for e in ("dispatch", "fetch")]
 
 
 def test_sync_runs_the_same_steps_as_async(weights, prompts):
@@ -174,15 +169,15 @@ def test_sync_runs_the_same_steps_as_async(weights, prompts):
     for mode in (True, False):
         llm = make_llm(weights, async_scheduling=mode, decode_buckets=[2, 4, 8])
         steps[mode] = []
-        decode = llm.engine.runner.decode
+        decode = llm.llm_engine.runner.decode
 
         def record(slots, tables, decode=decode, log=steps[mode]):
             log.append((list(slots), tables[slots].tolist()))
             return decode(slots, tables)
 
-        llm.engine.runner.decode = record
+        llm.llm_engine.runner.decode = record
         outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+        assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
     assert steps[True] == steps[False]
     assert len({len(ids) for ids, _ in steps[True]}) > 2  # the batch shrank through several buckets
     assert outs[True] == outs[False]
@@ -191,10 +186,10 @@ def test_sync_runs_the_same_steps_as_async(weights, prompts):
 
 @pytest.mark.parametrize("bad, message", [
     (dict(prompt=list(range(128))), "max_model_len"),
-    (dict(params=SamplingParams(max_tokens=0)), "max_tokens"),
-    (dict(params=SamplingParams(temperature=-1.0)), "temperature"),
-    (dict(params=SamplingParams(top_p=0.0)), "top_p"),
-    (dict(params=SamplingParams(top_p=1.5)), "top_p"),
+    (dict(params=dict(max_tokens=0)), "max_tokens"),
+    (dict(params=dict(temperature=-1.0)), "temperature"),
+    (dict(params=dict(top_p=0.0)), "top_p"),
+    (dict(params=dict(top_p=1.5)), "top_p"),
     (dict(prompt=[]), "empty"),
     (dict(prompt=[5, 500]), "vocabulary"),
     (dict(prompt=[5, 6.5]), "integers"),
@@ -202,13 +197,19 @@ def test_sync_runs_the_same_steps_as_async(weights, prompts):
     (dict(prompt=[[5, 6], [7]]), "flat"),
 ])
 def test_bad_input_is_rejected_before_anything_runs(weights, prompts, reference, bad, message):
+    """A bad prompt, or params made bad after construction (which checks them too), is rejected at admission,
+    naming the request, before any request of the batch runs."""
     llm = make_llm(weights)
+    bad_params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    for name, value in bad.get("params", {}).items():
+        with pytest.raises(ValueError, match=name):
+            SamplingParams(**{name: value})
+        setattr(bad_params, name, value)
     batch = [prompts[0], bad.get("prompt", prompts[1]), prompts[2]]
-    params = [GREEDY, bad.get("params", GREEDY), GREEDY]
     with pytest.raises(ValueError, match=message) as err:
-        llm.generate(batch, params, use_tqdm=False)
+        llm.generate(batch, [GREEDY, bad_params, GREEDY], use_tqdm=False)
     assert "request 1" in str(err.value)
-    assert not llm.engine.scheduler.has_unfinished()
+    assert not llm.llm_engine.scheduler.has_unfinished()
     outs = llm.generate([prompts[0], prompts[2]], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [reference[0], reference[2]]
 

@@ -74,7 +74,7 @@ def test_tensor_parallel_pallas_equals_one_gpu():
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = {}
     for tp in (1, 2):
-        llm = LLM("tiny", weights=(TINY, w), attn_impl="pallas", max_model_len=128, max_num_seqs=8, page_size=16,
-                  warmup=False, tensor_parallel_size=tp)
+        llm = LLM.from_weights(TINY, w, attn_impl="pallas", max_model_len=128, max_num_seqs=8, page_size=16,
+                               warmup=False, tensor_parallel_size=tp)
         outs[tp] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outs[2] == outs[1]

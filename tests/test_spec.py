@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from jaxspec import LLM, SamplingParams
+from tests import tiny
 from tests.tiny import CHARS, TINY, random_prompts, tiny_weights, write_char_tokenizer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)  # the heads trained on 64-token rows
@@ -16,26 +19,14 @@ def weights():
 
 
 @pytest.fixture(scope="module")
-def heads(tmp_path_factory, weights):
-    """Tiny heads trained on the tiny target's own greedy continuations of their prompts (a tiny random target is
-    chaotic, so a head trained for seconds drafts well only there): acceptance well between 0 and 1."""
-    from jaxspec.train.tiny import train_tiny_head
-
-    root = tmp_path_factory.mktemp("heads")
-    return {m: train_tiny_head(m, TINY, weights, root / m) for m in ("eagle", "eagle3")}
-
-
-@pytest.fixture(scope="module")
-def prompts(heads):
+def prompts(trained_heads):
+    heads = trained_heads
     ps = heads["eagle"].prompts[:15]
     assert ps == heads["eagle3"].prompts[:15]
     return ps + [random_prompts(1, 110, 110, seed=6)[0]]  # one runs into max_model_len (128) mid-step
 
 
-def make_llm(weights, path="tiny", **kw) -> LLM:
-    args = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, page_size=8, warmup=False,
-                decode_buckets=[4], prefill_buckets=[64])
-    return LLM(str(path), weights=(TINY, weights), **{**args, **kw})
+make_llm = partial(tiny.make_llm, max_num_seqs=4, decode_buckets=[4], prefill_buckets=[64])
 
 
 def spec(heads, method: str, k: int) -> dict:
@@ -50,35 +41,35 @@ def plain(weights, prompts):
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_spec_equals_plain_decoding(weights, prompts, plain, heads, method, k):
-    llm = make_llm(weights, speculative_config=spec(heads, method, k), num_pages=24)  # 16 pages = one sequence
+def test_greedy_spec_equals_plain_decoding(weights, prompts, plain, trained_heads, method, k):
+    llm = make_llm(weights, speculative_config=spec(trained_heads, method, k),
+                   num_pages=24)  # 16 pages = one sequence
     for async_scheduling in (True, False):
-        llm.engine.cfg.async_scheduling = async_scheduling
-        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False, async_scheduling=async_scheduling)
         assert [o.outputs[0].token_ids for o in outs] == plain, f"async={async_scheduling}"
     m = llm.get_metrics()
     assert m["num_preemptions"] > 0
     assert 1.2 <= m["mean_acceptance_length"] <= k + 0.8, m
     assert m["num_accepted_tokens"] == sum(m["accepted_per_position"])
-    assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+    assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
 
 
-def test_seeded_spec_sampling_async_equals_sync(weights, prompts, heads):
+def test_seeded_spec_sampling_async_equals_sync(weights, prompts, trained_heads):
     params = [SamplingParams(temperature=0.8, top_p=[1.0, 0.9][i % 2], top_k=[0, 30][i // 2 % 2], seed=i,
                              max_tokens=16, ignore_eos=True) for i in range(len(prompts))]
-    llm = make_llm(weights, speculative_config=spec(heads, "eagle3", 3))
+    llm = make_llm(weights, speculative_config=spec(trained_heads, "eagle3", 3))
     runs = []
     for async_scheduling in (True, False):
-        llm.engine.cfg.async_scheduling = async_scheduling
-        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        runs.append([o.outputs[0].token_ids
+                     for o in llm.generate(prompts, params, use_tqdm=False, async_scheduling=async_scheduling)])
     assert runs[0] == runs[1]
     alone = llm.generate([prompts[2]], params[2], use_tqdm=False)[0].outputs[0].token_ids
     assert alone == runs[0][2]
 
 
-def test_stops_inside_an_accepted_run_truncate_exactly(weights, prompts, heads, tmp_path):
+def test_stops_inside_an_accepted_run_truncate_exactly(weights, prompts, trained_heads, tmp_path):
     path = write_char_tokenizer(tmp_path)
-    llm = make_llm(weights, path, speculative_config=spec(heads, "eagle", 3))
+    llm = make_llm(weights, path, speculative_config=spec(trained_heads, "eagle", 3))
     p = prompts[0]
     ref = llm.generate([p], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
                        use_tqdm=False)[0].outputs[0].token_ids
@@ -98,16 +89,16 @@ def test_stops_inside_an_accepted_run_truncate_exactly(weights, prompts, heads, 
         assert out.text == text[:at] and out.token_ids == ref[:at + 2] and out.finish_reason == "stop"
     j = next(i for i in range(3, 30) if ref[i] not in ref[:i])
     eos_llm = make_llm(weights, write_char_tokenizer(tmp_path / "eos", eos_token_id=ref[j]),
-                       speculative_config=spec(heads, "eagle", 3))
+                       speculative_config=spec(trained_heads, "eagle", 3))
     out = eos_llm.generate([p], SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)[0].outputs[0]
     assert out.token_ids == ref[:j + 1] and out.finish_reason == "stop"
 
 
-def test_async_spec_dispatches_before_reading(weights, prompts, heads):
-    llm = make_llm(weights, speculative_config=spec(heads, "eagle", 3))
-    llm.engine.trace = []
+def test_async_spec_dispatches_before_reading(weights, prompts, trained_heads):
+    llm = make_llm(weights, speculative_config=spec(trained_heads, "eagle", 3))
+    llm.llm_engine.trace = []
     llm.generate(prompts[:4], GREEDY, use_tqdm=False)
-    trace = llm.engine.trace
+    trace = llm.llm_engine.trace
     last = max(s for e, s in trace if e == "dispatch")
     for i, (event, step) in enumerate(trace):
         if event == "fetch" and step < last:
@@ -119,16 +110,16 @@ def test_async_spec_dispatches_before_reading(weights, prompts, heads):
     (dict(num_speculative_tokens=17), "num_speculative_tokens"),
     (dict(method="medusa"), "method"),
 ])
-def test_bad_speculative_config(weights, heads, config, message):
+def test_bad_speculative_config(weights, trained_heads, config, message):
     with pytest.raises(ValueError, match=message):
-        make_llm(weights, speculative_config={**spec(heads, "eagle", 3), **config})
+        make_llm(weights, speculative_config={**spec(trained_heads, "eagle", 3), **config})
 
 
-def test_head_that_does_not_fit_the_target(weights, heads):
+def test_head_that_does_not_fit_the_target(weights, trained_heads):
     other = TINY.replace(hidden_size=32, num_heads=2, intermediate_size=64)
     from jaxspec.models import llama
     import jax
     w = llama.init(other, jax.random.key(3))
     with pytest.raises(ValueError, match="hidden"):
-        LLM("tiny", weights=(other, w), max_model_len=64, max_num_seqs=2, warmup=False,
-            speculative_config=spec(heads, "eagle", 3))
+        LLM.from_weights(other, w, max_model_len=64, max_num_seqs=2, warmup=False,
+                         speculative_config=spec(trained_heads, "eagle", 3))

@@ -3,6 +3,8 @@ EAGLE head (replicated or split), async and sync, and never compile during gener
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 from jaxspec import LLM, SamplingParams, parallel
 from jaxspec.convert.eagle import save_eagle
 from jaxspec.models import eagle, llama
+from tests import tiny
 from tests.tiny import TINY, random_prompts, tiny_weights
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (conftest.py forces 4 CPU devices)")
@@ -43,10 +46,7 @@ def heads(tmp_path_factory):
     return out
 
 
-def make_llm(weights, **kw) -> LLM:
-    args = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, page_size=8, warmup=False,
-                decode_buckets=[4], prefill_buckets=[64])
-    return LLM("tiny", weights=(TINY, weights), **{**args, **kw})
+make_llm = partial(tiny.make_llm, max_num_seqs=4, decode_buckets=[4], prefill_buckets=[64])
 
 
 def spec(heads, method: str = "eagle") -> dict:
@@ -57,8 +57,8 @@ def generate(llm: LLM, prompts, params=GREEDY) -> dict[bool, list[list[int]]]:
     """Token ids per prompt, async and sync."""
     runs = {}
     for async_scheduling in (True, False):
-        llm.engine.cfg.async_scheduling = async_scheduling
-        runs[async_scheduling] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs = llm.generate(prompts, params, use_tqdm=False, async_scheduling=async_scheduling)
+        runs[async_scheduling] = [o.outputs[0].token_ids for o in outs]
     return runs
 
 
@@ -77,7 +77,7 @@ def test_plain_greedy_equals_tp1(weights, prompts, reference, tp, attn_impl):
     llm = make_llm(weights, tensor_parallel_size=tp, attn_impl=attn_impl)
     runs = generate(llm, prompts)
     assert runs[True] == reference[None] and runs[False] == reference[None]
-    kv = llm.engine.runner.caches.target.k
+    kv = llm.llm_engine.runner.caches.target.k
     assert kv.sharding.spec == P("tp") and len(kv.sharding.device_set) == tp
     assert kv.shape[0] == max(TINY.num_kv_heads, tp)  # tp = 4 > 2 KV heads: each device keeps a copy of one
 
@@ -89,9 +89,9 @@ def test_spec_greedy_equals_tp1(weights, prompts, heads, reference, tp, draft_tp
                    draft_tensor_parallel_size=draft_tp)
     runs = generate(llm, prompts)
     assert runs[True] == reference[method] and runs[False] == reference[method]
-    draft_kv = llm.engine.runner.caches.draft.k
+    draft_kv = llm.llm_engine.runner.caches.draft.k
     assert draft_kv.sharding.spec == (P("tp") if draft_tp > 1 else P())
-    assert llm.engine.block_manager.num_free == llm.engine_config.num_pages
+    assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
 
 
 def test_no_compilation_during_generation_and_sampling_equals_tp1(weights, prompts, heads):
@@ -148,8 +148,8 @@ def test_bad_tensor_parallel_size_is_rejected_before_anything_runs(weights, head
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         with pytest.raises(ValueError, match=message):
-            LLM("tiny", weights=(cfg, weights), max_model_len=64, max_num_seqs=2, warmup=False,
-                speculative_config=spec(heads), **kw)
+            LLM.from_weights(cfg, weights, max_model_len=64, max_num_seqs=2, warmup=False,
+                             speculative_config=spec(heads), **kw)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []

@@ -192,8 +192,8 @@ def test_engine_regeneration_matches_greedy_loop(target, dataset):
 
     rows = [0, 1, 2, 3]
     prompts = [dataset.tokens[r, :dataset.loss_mask[r].argmax()].tolist() for r in rows]
-    llm = LLM("tiny", weights=(TINY, target), max_model_len=SEQ_LEN + 1, max_num_seqs=4, max_num_batched_tokens=64,
-              page_size=16, warmup=False)
+    llm = LLM.from_weights(TINY, target, max_model_len=SEQ_LEN + 1, max_num_seqs=4,
+                           max_num_batched_tokens=64, page_size=16, warmup=False)
     got = data.generate_dataset(llm, prompts, max_tokens=SEQ_LEN, seq_len=SEQ_LEN, use_tqdm=False)
     np.testing.assert_array_equal(got.tokens, dataset.tokens[rows])
     np.testing.assert_array_equal(got.loss_mask, dataset.loss_mask[rows])

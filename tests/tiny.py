@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxspec import LLM
 from jaxspec.models import llama
 
 TINY = llama.Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
@@ -19,6 +20,14 @@ CHARS = [chr(ord("a") + i) for i in range(26)] + [chr(ord("A") + i) for i in ran
 
 def tiny_weights(seed: int = 0, cfg: llama.Config = TINY) -> llama.Weights:
     return llama.init(cfg, jax.random.key(seed), scale=0.2)
+
+
+def make_llm(weights: llama.Weights | None, tokenizer: Path | str | None = None, cfg: llama.Config = TINY,
+             **kw) -> LLM:
+    """The tests' LLM over a tiny model: a 128-token context, small pages, programs compiled on first use. Any
+    engine argument can be overridden."""
+    args = dict(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64, page_size=8, warmup=False)
+    return LLM.from_weights(cfg, weights, tokenizer=tokenizer, **{**args, **kw})
 
 
 def write_char_tokenizer(path: Path, eos_token_id: int | None = None) -> Path:

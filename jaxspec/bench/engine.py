@@ -1,12 +1,11 @@
 """Building and driving the LLMs a benchmark times: shared weights, one-mode compilation, metrics per run.
 
-- A checkpoint's weights are loaded once and handed to every `LLM` of the sweep through `LLM(weights=(cfg, w))`:
-  EAGLE and plain decoding share one copy on the device. Dummy runs pass `weights=(cfg, None)` with
-  `load_format="dummy"`: the LLM draws random weights, and a random head shaped like one target layer.
+- A checkpoint's weights are loaded once and handed to every `LLM` of the sweep through
+  `LLM.from_weights(cfg, w)`: EAGLE and plain decoding share one copy on the device. Dummy runs pass `w=None`
+  with `load_format="dummy"`: the LLM draws random weights, and a random head shaped like one target layer.
 - `compile_buckets` compiles every bucket for the one sampling mode the run uses (`ModelRunner.warmup` restricted
   to it): a third of the start-up compile time.
-- Async and sync runs share one LLM: the engine reads `cfg.async_scheduling` at every step, and between
-  `generate` calls nothing is in flight, so flipping it there is safe (see LLMEngine.run).
+- Async and sync runs share one LLM: `generate(async_scheduling=...)` picks the protocol per call.
 """
 
 from __future__ import annotations
@@ -26,16 +25,11 @@ from jaxspec.models import llama
 
 def load_target(ckpt, hf_config: dict, dummy: bool, dtype: str | None) -> tuple[llama.Config, object]:
     """(Config, Weights) on the device: the checkpoint cast to dtype; for dummy runs (Config, None), the LLM draws
-    the random weights itself (`LLM(load_format="dummy", weights=(cfg, None))`)."""
+    the random weights itself (`LLM.from_weights(cfg, None, load_format="dummy")`)."""
     if dummy:
         return llama.Config.from_hf(hf_config, dtype or "float32"), None
     from jaxspec.convert.checkpoint import load_model
     return load_model(ckpt, dtype)
-
-
-def set_async(llm: LLM, flag: bool) -> None:
-    llm.engine_config.async_scheduling = flag
-    llm.engine.cfg.async_scheduling = flag  # the same object today; kept explicit in case it is ever copied
 
 
 def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
@@ -46,7 +40,7 @@ def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
 def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None) -> int:
     """Compile every decode and prefill bucket in the one sampling mode the run uses; `log(msg)` hears each
     program's compile time."""
-    return llm.engine.runner.warmup(modes=((all_greedy, filtered),), log=log)
+    return llm.llm_engine.runner.warmup(modes=((all_greedy, filtered),), log=log)
 
 
 def env_knobs() -> dict[str, str]:
@@ -84,7 +78,7 @@ def _nbytes(*trees) -> int:
 
 def model_bytes(llm: LLM) -> dict:
     """Configs and what a decode step must read (report.py's roofline)."""
-    runner = llm.engine.runner
+    runner = llm.llm_engine.runner
     tcfg, dcfg, tw, dw = llm.model_config, runner.spec.draft, runner.tw, runner.dw
     return {"config": dataclasses.asdict(tcfg), "draft_config": dataclasses.asdict(dcfg) if dcfg else None,
             "total_weight_bytes": _nbytes(tw, dw), "bytes": step_read_bytes(tcfg, tw, dcfg, dw, runner.k)}

@@ -172,11 +172,13 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
     profiler (a timeline: busy fraction, plus host time per step from the engine)."""
     import jax
 
-    from jaxspec.bench.engine import metrics_delta, set_async
+    from jaxspec.bench.engine import metrics_delta
 
-    set_async(llm, async_scheduling)
+    def run():
+        return llm.generate(prompts, params, use_tqdm=False, async_scheduling=async_scheduling)
+
     before = llm.get_metrics()
-    _, nvml = sampled_utilization(lambda: [llm.generate(prompts, params, use_tqdm=False) for _ in range(repeats)],
+    _, nvml = sampled_utilization(lambda: [run() for _ in range(repeats)],
                                   getattr(jax.devices()[0], "local_hardware_id", 0) or 0)
     m = metrics_delta(before, llm.get_metrics())
     steps = max(m["num_steps"], 1)
@@ -188,7 +190,7 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
     with jax.profiler.trace(str(log_dir), profiler_options=_quiet_options()):
         with jax.profiler.TraceAnnotation(ANNOTATION):
             t0 = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
+            run()
             wall = time.perf_counter() - t0
     m = metrics_delta(before, llm.get_metrics())
     path = find_trace(log_dir)

@@ -245,12 +245,11 @@ def _slug(s: str) -> str:
 # ---- one timed run
 
 def run_point(llm, prompts, params, is_async: bool) -> tuple[dict, list[list[int]]]:
-    from jaxspec.bench.engine import metrics_delta, num_compiled, set_async
+    from jaxspec.bench.engine import metrics_delta, num_compiled
 
-    set_async(llm, is_async)
     before, compiled = llm.get_metrics(), num_compiled()
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False, async_scheduling=is_async)
     elapsed = time.perf_counter() - t0
     m = metrics_delta(before, llm.get_metrics())
     tokens = [o.outputs[0].token_ids for o in outs]
@@ -448,7 +447,7 @@ def timed_point(args, bench: Bench, llm, prompts, point: dict, outputs: dict) ->
     if got is None:
         return {"error": bench.result["errors"][-1]["error"][:300]}
     outputs[(n, label, is_async)] = got[1]
-    print_point(point | got[0], llm.engine.k)
+    print_point(point | got[0], llm.llm_engine.k)
     return got[0]
 
 
@@ -462,7 +461,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     label = mode_label(spec, args.synthetic_acceptance)
     kwargs = dict(tokenizer=src.tokenizer_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, async_scheduling=args.async_scheduling,
-                  seed=args.seed, speculative_config=spec, load_format=args.load_format, weights=(cfg, weights),
+                  seed=args.seed, speculative_config=spec, load_format=args.load_format,
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
                   warmup=args.engine_warmup,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop,
@@ -473,7 +472,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     if spec is not None and args.synthetic_acceptance is not None:
         kwargs["synthetic_acceptance"] = args.synthetic_acceptance
     t0 = time.perf_counter()
-    llm = LLM(str(src.ckpt or src.label), **kwargs)
+    llm = LLM.from_weights(cfg, weights, **kwargs)
     bench.result["models"][label] = engine.model_bytes(llm)
     c = llm.engine_config
     bench.log(f"built {label} in {time.perf_counter() - t0:.1f} s ({llm.model_config.attn_impl} attention, "

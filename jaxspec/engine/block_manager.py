@@ -19,6 +19,11 @@ class BlockManager:
         # Row num_slots (padding rows) and unallocated entries are -1.
         self.tables = np.full((num_slots + 1, pages_per_seq), -1, np.int32)
 
+    def reset(self) -> None:
+        """Every page free, every table empty."""
+        self.free_page_ids = deque(range(self.num_pages))
+        self.tables[:] = -1
+
     @property
     def num_free(self) -> int:
         return len(self.free_page_ids)

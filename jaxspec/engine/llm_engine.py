@@ -1,30 +1,41 @@
-"""The step loop: schedule, dispatch, and commit one step late (async) or at once (sync).
+"""The engine as a step machine (vLLM's `LLMEngine`): add requests at any time, `step()`, abort.
 
-    dispatch step N            (returns at once; out_N starts copying to the host)
-    plan and dispatch step N+1 (host work overlaps the device; nothing of step N is read yet)
-    read out_N, commit it      (detokenize, stop checks, free finished slots)
+One `step()` is one turn of the async protocol:
 
-Sync mode reads step N before any host work on step N+1, then plans N+1 as async would (before committing N)
-and dispatches it: the device waits while the host works, and nothing else changes. Both modes run the very
-same steps (same plans, same padded batches), so they give identical outputs however a kernel's rounding depends
-on the batch size, and the speed difference between them is the overlap alone. Random numbers are keyed on
-(seed, position).
+    plan and dispatch step N+1  (returns at once; nothing of step N is read yet, so host work overlaps the device)
+    read step N, commit it      (detokenize, stop checks, finished requests leave)
+
+Sync scheduling reads step N first, then plans N+1 as async would (before committing N) and dispatches it: the
+device waits while the host works, and nothing else changes. Both run the very same steps (same plans, same
+padded batches), so they give identical outputs however a kernel's rounding depends on the batch size, and the
+speed difference between them is the overlap alone. Either way one step is in flight between two calls, and the
+mode may differ from call to call. Random numbers are keyed on (seed, position).
+
+A step that raises (an interrupt between dispatch and commit, say) is rolled back: every in-flight step is
+forgotten, the device state is rebuilt if its donated buffers are gone, and every running request is recomputed
+from its committed tokens (preemption's path), so the engine stays correct and no page or slot leaks.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
 from jaxspec.config import EngineConfig
 from jaxspec.engine.block_manager import BlockManager
+from jaxspec.engine.input_processor import InputProcessor
 from jaxspec.engine.model_runner import ModelRunner
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.scheduler import Scheduler, StepPlan
 from jaxspec.engine.sequence import Sequence
+from jaxspec.outputs import RequestOutput
+from jaxspec.sampling_params import SamplingParams
 
 
 @dataclass
@@ -52,69 +63,193 @@ class SpecMetrics:
 class StepTimes:
     num_steps: int = 0
     host_wait_s: float = 0.0  # time blocked reading step outputs: the device was behind the host
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # time inside step()
+
+
+@dataclass
+class InFlightStep:
+    """A dispatched step whose outputs the host has not read: its plan and its output arrays (copying to the
+    host since dispatch)."""
+    index: int
+    plan: StepPlan
+    prefill_out: jax.Array | None  # [R, 2]: (1 if a first token was sampled, token)
+    decode_out: jax.Array | None  # [B, k+2]: (count, tokens..., -1 padding)
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig, runner: ModelRunner, output_processor: OutputProcessor):
+    def __init__(self, cfg: EngineConfig, runner: ModelRunner, input_processor: InputProcessor,
+                 output_processor: OutputProcessor, async_scheduling: bool = True):
         self.cfg = cfg
         self.runner = runner
-        self.k = cfg.num_speculative_tokens
+        self.input_processor = input_processor
+        self.output_processor = output_processor
+        self.async_scheduling = async_scheduling  # the default of step(); a call may choose otherwise
+        self.k = runner.k
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens)
+        self.requests: dict[str, Sequence] = {}  # unfinished, plus finished ones whose final output is not out yet
+        self.in_flight: deque[InFlightStep] = deque()
         self.spec_metrics = SpecMetrics(accepted_per_position=[0] * self.k)
         self.times = StepTimes()
         self.trace: list[tuple[str, int]] | None = None  # ("dispatch" | "fetch", step): set to [] to record
+        self._unreported: list[Sequence] = []  # finished outside a commit (abort, rollback): output not returned yet
+        self._num_steps = 0
+        self._dirty = False  # a step() raised before it finished its bookkeeping: roll back before the next
 
-    def add(self, seq: Sequence) -> None:
+    # ---- requests
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
+        """Validate and queue a request; it is planned at the next step. Allowed while a step is in flight. A bad
+        request raises a ValueError naming it, and nothing is queued."""
+        self.queue(self.make_request(request_id, prompt, params))
+
+    def make_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> Sequence:
+        """The validated request, not queued yet (so a batch can be checked whole before any of it runs)."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request ids are strings, got {request_id!r}")
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r}: a request with this id is already running")
+        try:
+            return self.input_processor.process(request_id, prompt, params)
+        except ValueError as e:
+            raise ValueError(f"request {request_id!r}: {e}") from None
+
+    def queue(self, seq: Sequence) -> None:
+        """Queue a request `make_request` made."""
+        if seq.request_id in self.requests:
+            raise ValueError(f"request {seq.request_id!r}: a request with this id is already running")
+        self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Finish these requests with finish_reason "abort" (unknown or finished ids are ignored, as in vLLM). They
+        are never planned again; pages and slot go back once the steps in flight for them are read."""
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            seq = self.requests.get(rid)
+            if seq is not None and not seq.is_finished:
+                self.output_processor.finish(seq, "abort", None)
+                self.scheduler.finish(seq)
+                self._unreported.append(seq)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop finished requests whose final output nobody will read (a caller that gave up on them)."""
+        ids = set(request_ids)
+        for rid in ids:
+            seq = self.requests.get(rid)
+            if seq is not None and seq.is_finished:
+                del self.requests[rid]
+        self._unreported = [seq for seq in self._unreported if seq.request_id not in ids]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(not seq.is_finished for seq in self.requests.values())
+
+    # ---- stepping
+
+    def step(self, async_scheduling: bool | None = None) -> list[RequestOutput]:
+        """Dispatch the next step and commit the previous one; returns the outputs of the requests that got tokens
+        (or finished) under their output_kind."""
+        start = time.perf_counter()
+        with self._rollback_on_error():
+            outputs = self._outputs(self._turn(self.async_scheduling if async_scheduling is None
+                                               else async_scheduling))
+        self.times.wall_s += time.perf_counter() - start
+        return outputs
+
+    def drain(self) -> None:
+        """Read and commit every step in flight without dispatching another (so that aborted and finished
+        requests give their pages back now); outputs of requests that finished are returned by the next step."""
+        with self._rollback_on_error():
+            while self.in_flight:
+                touched = self._commit(*self._fetch(self.in_flight.popleft()))
+                self._unreported += [seq for seq in touched if seq.is_finished]
+
+    @contextmanager
+    def _rollback_on_error(self):
+        """Device and scheduler work that either completes or is rolled back (`recover`), whatever raises in it,
+        an interrupt included; a rollback that was itself interrupted is redone first."""
+        if self._dirty:
+            self.recover()
+        self._dirty = True
+        try:
+            yield
+        except BaseException:
+            self.recover()
+            raise
+        self._dirty = False
+
+    def _turn(self, async_scheduling: bool) -> list[Sequence]:
+        touched, self._unreported = self._unreported, []
+        # sync: wait for step N before any host work on step N+1; the plan is still made before N's commit
+        fetched = self._fetch(self.in_flight.popleft()) if self.in_flight and not async_scheduling else None
+        plan = self.scheduler.schedule() if self.scheduler.has_unfinished() else StepPlan()
+        if not plan and not self.in_flight and fetched is None and self.scheduler.has_unfinished():
+            raise RuntimeError("the scheduler can make no progress: the KV pool cannot hold one request")
+        if fetched is not None:
+            touched += self._commit(*fetched)
+        if plan:
+            self._dispatch(plan)
+        if self.in_flight and async_scheduling and (not plan or len(self.in_flight) > 1):
+            touched += self._commit(*self._fetch(self.in_flight.popleft()))
+        if not self.scheduler.has_unfinished():
+            # nothing left to plan: the step in flight only runs finished requests once more; read it now so that
+            # an idle engine holds no pages
+            while self.in_flight:
+                touched += self._commit(*self._fetch(self.in_flight.popleft()))
+        return touched
+
+    def _dispatch(self, plan: StepPlan) -> None:
+        tables = self.block_manager.tables
+        prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
+        decode_out = self.runner.decode(plan.decode_slots, tables) if plan.decode else None
+        self.in_flight.append(InFlightStep(self._num_steps, plan, prefill_out, decode_out))
+        self._record("dispatch", self._num_steps)
+        self._num_steps += 1
+        self.times.num_steps += 1
+
+    def _fetch(self, step: InFlightStep) -> tuple[StepPlan, np.ndarray | None, np.ndarray | None]:
+        """Read a step's outputs (blocking until the device has them)."""
+        t0 = time.perf_counter()
+        prefill_np = np.asarray(step.prefill_out) if step.prefill_out is not None else None
+        decode_np = np.asarray(step.decode_out) if step.decode_out is not None else None
+        self.times.host_wait_s += time.perf_counter() - t0
+        self._record("fetch", step.index)
+        return step.plan, prefill_np, decode_np
+
+    def _commit(self, plan: StepPlan, prefill_np, decode_np) -> list[Sequence]:
+        if self.k and decode_np is not None:
+            self._count_acceptance(plan, decode_np)
+        return self.scheduler.commit(plan, prefill_np, decode_np)
+
+    def _outputs(self, touched: list[Sequence]) -> list[RequestOutput]:
+        outputs = []
+        for seq in {id(s): s for s in touched}.values():  # a sequence may get tokens twice in one commit
+            out = self.output_processor.make_output(seq)
+            if out is not None:
+                outputs.append(out)
+            if seq.is_finished:
+                self.requests.pop(seq.request_id, None)
+        return outputs
+
+    def recover(self) -> None:
+        """Roll back after a step raised: forget the steps in flight (their outputs are never read), rebuild lost
+        device state and the scheduler's queues, and recompute every running request from its committed tokens.
+        Finished requests whose final output was not returned yet are reported by the next step. Idempotent, so
+        an interrupt during it is mended by the next call."""
+        self._dirty = True
+        self.in_flight.clear()
+        self.runner.restore()
+        seqs = list(self.requests.values())
+        self.scheduler.reset(seqs)
+        reported = {id(s) for s in self._unreported}
+        self._unreported += [s for s in seqs if s.is_finished and id(s) not in reported]
+        self._dirty = False
 
     def _record(self, event: str, step: int) -> None:
         if self.trace is not None:
             self.trace.append((event, step))
-
-    def run(self, on_commit=None) -> None:
-        """Run until every added request is finished. `on_commit()` is called after each commit."""
-        pending: deque[tuple[int, StepPlan, object, object]] = deque()
-        step = 0
-        start = time.perf_counter()
-        while self.scheduler.has_unfinished() or pending:
-            # sync: wait for step N before any host work on step N+1; the plan is still made before N's commit
-            fetched = self._fetch(*pending.popleft()) if pending and not self.cfg.async_scheduling else None
-            plan = self.scheduler.schedule() if self.scheduler.has_unfinished() else StepPlan()
-            if not plan and not pending and fetched is None:
-                raise RuntimeError("the scheduler can make no progress: the KV pool cannot hold one request")
-            tables = self.block_manager.tables
-            if fetched is not None:
-                # the plan may run a request this commit finishes once more (async does too): keep its tables
-                tables = tables.copy()
-                self._commit(*fetched, on_commit)
-            if plan:
-                prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
-                decode_out = self.runner.decode(plan.decode_slots, tables) if plan.decode else None
-                self._record("dispatch", step)
-                pending.append((step, plan, prefill_out, decode_out))
-                step += 1
-            if pending and self.cfg.async_scheduling and (not plan or len(pending) > 1):
-                self._commit(*self._fetch(*pending.popleft()), on_commit)
-        self.times.num_steps += step
-        self.times.wall_s += time.perf_counter() - start
-
-    def _fetch(self, step: int, plan: StepPlan, prefill_out, decode_out) -> tuple:
-        """Read a step's outputs (blocking until the device has them)."""
-        t0 = time.perf_counter()
-        prefill_np = np.asarray(prefill_out) if prefill_out is not None else None
-        decode_np = np.asarray(decode_out) if decode_out is not None else None
-        self.times.host_wait_s += time.perf_counter() - t0
-        self._record("fetch", step)
-        return plan, prefill_np, decode_np
-
-    def _commit(self, plan: StepPlan, prefill_np, decode_np, on_commit=None) -> None:
-        if self.k and decode_np is not None:
-            self._count_acceptance(plan, decode_np)
-        self.scheduler.commit(plan, prefill_np, decode_np)
-        if on_commit is not None:
-            on_commit()
 
     def _count_acceptance(self, plan: StepPlan, decode_np: np.ndarray) -> None:
         """Add one step's drafts to the counters (vectorized: this runs once per step over every row)."""

@@ -7,7 +7,9 @@ engine decides when to read it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -20,6 +22,8 @@ from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step, program
 from jaxspec.models import eagle, llama
+
+logger = logging.getLogger("jaxspec")
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -41,8 +45,7 @@ class ModelRunner:
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
         self.state = SlotState.init(self.num_slots, self.k)
-        # each slot's packed sampling params (sampler.pack_params), set when its sequence's prefill is planned
-        self.slot_sampling = np.zeros((self.num_slots + 1, 4), np.uint32)
+        self.sampling = sampler.SamplingTable(self.num_slots, target_cfg.vocab_size)
         shardings = None
         if mesh is not None:
             shardings = parallel.StepShardings(
@@ -59,14 +62,8 @@ class ModelRunner:
         # the step's static spec for each sampling mode (all_greedy, filtered), built once
         self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f)
                        for g in (True, False) for f in (True, False)}
-        dtype = target_cfg.jnp_dtype
-        target_kv = parallel.make_cache(target_cfg.num_layers, target_cfg.num_cached_kv_heads, cfg.num_pages,
-                                        cfg.page_size, target_cfg.head_dim, dtype, shardings and shardings.target_kv)
-        draft_kv = None
-        if draft_cfg is not None:
-            draft_kv = parallel.make_cache(1, draft_cfg.layer_config().num_cached_kv_heads, cfg.num_pages,
-                                           cfg.page_size, draft_cfg.head_dim, dtype, shardings and shardings.draft_kv)
-        self.caches = Caches(target_kv, draft_kv)
+        self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
+        self.caches = self._new_caches()
         if mesh is None:
             # committed to one device, as every step's outputs are: jit compiles committed and uncommitted inputs
             # separately, so uncommitted first inputs would cost an extra compile during generation
@@ -74,15 +71,37 @@ class ModelRunner:
                 (self.tw, self.dw, self.caches, self.state), jax.devices()[0])
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
+        self._called: set[tuple] = set()  # (step, bucket, all_greedy, filtered) of the programs called so far
+
+    def _new_caches(self) -> Caches:
+        tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
+        dtype, pages = tcfg.jnp_dtype, self.cfg.num_pages
+        target_kv = parallel.make_cache(tcfg.num_layers, tcfg.num_cached_kv_heads, pages, self.cfg.page_size,
+                                        tcfg.head_dim, dtype, shardings and shardings.target_kv)
+        draft_kv = None
+        if dcfg is not None:
+            draft_kv = parallel.make_cache(1, dcfg.layer_config().num_cached_kv_heads, pages, self.cfg.page_size,
+                                           dcfg.head_dim, dtype, shardings and shardings.draft_kv)
+        return Caches(target_kv, draft_kv)
+
+    def restore(self) -> None:
+        """After a dispatch was interrupted: fresh caches and slot state where the donated ones are gone (every
+        running sequence is then recomputed from its tokens, so their contents do not matter)."""
+        if any(x.is_deleted() for x in jax.tree.leaves(self.caches)):
+            self.caches = self._new_caches()
+            if self._shardings is None:
+                self.caches = jax.device_put(self.caches, jax.devices()[0])
+        if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
+            self.state = SlotState.init(self.num_slots, self.k)
+            self.state = (jax.device_put(self.state, jax.devices()[0]) if self._shardings is None
+                          else parallel.place(self.state, self._shardings.replicated))
 
     # ---- building the host arrays
 
     def _sampling(self, slots: np.ndarray) -> tuple[np.ndarray, StepSpec]:
         """Packed sampling params of these slots (padding rows all zero: greedy) and the step's sampling mode."""
-        packed = self.slot_sampling[slots]
-        temperature, top_k, top_p = (packed[:, 0].view(np.float32), packed[:, 1].view(np.int32),
-                                     packed[:, 2].view(np.float32))
-        return packed, self._specs[sampler.batch_flags(temperature, top_k, top_p, self.vocab_size)]
+        packed, flags = self.sampling.batch(slots)
+        return packed, self._specs[flags]
 
     def _slots(self, used: list[int], rows: int) -> np.ndarray:
         """`used` padded to `rows` with the padding slot."""
@@ -92,9 +111,27 @@ class ModelRunner:
 
     # ---- dispatch
 
-    def _decode_program(self, B: int):
-        """The jitted decode step for batch bucket B: each row runs its last token and k drafts."""
-        return program(decode_step, B * (self.k + 1))
+    def _run(self, step: Callable, size: int, spec: StepSpec, *plan: np.ndarray, log=None) -> jax.Array:
+        """Call a jitted step on bucket `size` (rows to decode, tokens to prefill), keeping the donated caches and
+        state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
+        logged (`log`, default the jaxspec logger)."""
+        tokens = size * (self.k + 1) if step is decode_step else size
+        fn = program(step, tokens)
+        key = (step.__name__, size, spec.all_greedy, spec.filtered)
+        first = key not in self._called  # a first call may find the program compiled already (another LLM's)
+        programs = fn._cache_size() if first else 0
+        t0 = time.perf_counter()
+        self.caches, self.state, out = fn(self.tw, self.dw, self.caches, self.state, *plan, spec)
+        if first:
+            self._called.add(key)
+            if fn._cache_size() > programs:
+                jax.block_until_ready(out)
+                mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
+                (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} ({mode}) in "
+                                     f"{time.perf_counter() - t0:.1f} s")
+        out = out.addressable_data(0) if self._local else out
+        out.copy_to_host_async()
+        return out
 
     def decode(self, slots: list[int], tables: np.ndarray) -> jax.Array:
         """Dispatch one verify+draft step for the sequences in these slots; `tables` [slots + 1, pages] holds every
@@ -103,11 +140,7 @@ class ModelRunner:
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
         sampling, spec = self._sampling(slots)
-        self.caches, self.state, out = self._decode_program(B)(self.tw, self.dw, self.caches, self.state, rows,
-                                                               sampling, spec)
-        out = out.addressable_data(0) if self._local else out
-        out.copy_to_host_async()
-        return out
+        return self._run(decode_step, B, spec, rows, sampling)
 
     def prefill(self, chunks: list[PrefillChunk], tables: np.ndarray) -> jax.Array:
         """Dispatch one ragged prefill step; returns out [R, 2] = (1 if a first token was sampled, token)."""
@@ -115,7 +148,7 @@ class ModelRunner:
         N = pick_bucket(self.cfg.prefill_buckets, n_tokens)
         R = self.cfg.max_prefill_seqs
         for c in chunks:  # the slot's sampling params, for this and every later step of the sequence
-            self.slot_sampling[c.seq.slot] = c.seq.sampling_row
+            self.sampling.set(c.seq.slot, c.seq.params, c.seq.seed)
         slots = self._slots([c.seq.slot for c in chunks], R)
         tok = np.zeros((N, 4), np.int32)
         tok[:, 2] = -1  # padding tokens belong to no row
@@ -135,42 +168,29 @@ class ModelRunner:
             rows[r, 1:3] = (at + c.length - 1, int(c.is_last))
             at += c.length
         sampling, spec = self._sampling(slots)
-        self.caches, self.state, out = program(prefill_step, N)(self.tw, self.dw, self.caches, self.state, tok, rows,
-                                                                sampling, spec)
-        out = out.addressable_data(0) if self._local else out
-        out.copy_to_host_async()
-        return out
+        return self._run(prefill_step, N, spec, tok, rows, sampling)
 
     def warmup(self, modes: tuple[tuple[bool, bool], ...] = ((True, False), (False, False), (False, True)),
                log=None) -> int:
         """Compile every bucket in each sampling mode (all_greedy, filtered): by default greedy, random, and random
-        with top-k/top-p, so that generation never compiles. `log(msg)` hears each program's time. Returns the
+        with top-k/top-p, so that generation never compiles. Each program's time is logged (`log`). Returns the
         number of compiled variants."""
+        P, R, C = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS)
         count, out = 0, None
-        P, R = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs
         for mode in modes:
             spec = self._specs[mode]
             for B in self.cfg.decode_buckets:
                 rows = np.full((B, 1 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
-                t0 = time.perf_counter()
-                self.caches, self.state, out = self._decode_program(B)(self.tw, self.dw, self.caches, self.state,
-                                                                       rows, np.zeros((B, 4), np.uint32), spec)
-                count += self._timed(log, f"decode bucket {B}", t0, out)
+                out = self._run(decode_step, B, spec, rows, np.zeros((B, C), np.uint32), log=log)
+                count += 1
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
                 tok[:, 2] = -1
                 rows = np.full((R, 3 + P), -1, np.int32)
                 rows[:, 0] = self.num_slots
-                t0 = time.perf_counter()
-                self.caches, self.state, out = program(prefill_step, N)(self.tw, self.dw, self.caches, self.state,
-                                                                        tok, rows, np.zeros((R, 4), np.uint32), spec)
-                count += self._timed(log, f"prefill bucket {N}", t0, out)
-        return count
-
-    @staticmethod
-    def _timed(log, what: str, t0: float, out: jax.Array) -> int:
-        if log is not None:
+                out = self._run(prefill_step, N, spec, tok, rows, np.zeros((R, C), np.uint32), log=log)
+                count += 1
+        if out is not None:
             jax.block_until_ready(out)
-            log(f"  {what}: {time.perf_counter() - t0:.1f} s")
-        return 1
+        return count

@@ -129,19 +129,25 @@ def _emit(drafts, n_acc, last) -> jax.Array:
     return jnp.where(j < n, padded, jnp.where(j == n, last[:, None], -1)).astype(jnp.int32)
 
 
-# host side: one array per step for the four per-row sampling params (each jit argument leaf costs host time)
+# Per-row sampling params travel as one [B, C] uint32 array (each jit argument leaf costs host time): the host
+# keeps a structured row per slot (SamplingTable) whose bytes are that array, and the device bitcasts each
+# column back. COLUMNS is the one definition of the layout.
+COLUMNS: tuple[tuple[str, type], ...] = (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
+                                         ("seed", np.uint32))
+ROW_DTYPE = np.dtype(list(COLUMNS))
+
 
 def pack_params(temperature, top_k, top_p, seeds) -> np.ndarray:
-    """Per-row params (sequences of length B) -> [B, 4] uint32, floats stored as their bits."""
-    f32 = lambda a: np.asarray(a, np.float32).view(np.uint32)
-    cols = [f32(temperature), np.asarray(top_k, np.int32).view(np.uint32), f32(top_p), np.asarray(seeds, np.uint32)]
-    return np.stack(cols, axis=1)
+    """Per-row params (sequences of length B) -> [B, C] uint32, the layout of COLUMNS (tests and tools)."""
+    rows = np.zeros(len(seeds), ROW_DTYPE)
+    rows["temperature"], rows["top_k"], rows["top_p"], rows["seed"] = temperature, top_k, top_p, seeds
+    return rows.view(np.uint32).reshape(len(rows), -1)
 
 
 def unpack_params(packed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """[B, 4] uint32 -> temperature [B] fp32, top_k [B] int32, top_p [B] fp32, seeds [B] uint32 (jittable)."""
-    bits = lambda i, dtype: jax.lax.bitcast_convert_type(packed[:, i], dtype)
-    return bits(0, jnp.float32), bits(1, jnp.int32), bits(2, jnp.float32), packed[:, 3]
+    """[B, C] uint32 -> temperature [B] fp32, top_k [B] int32, top_p [B] fp32, seeds [B] uint32 (jittable)."""
+    cols = [jax.lax.bitcast_convert_type(packed[:, i], jnp.dtype(dtype)) for i, (_, dtype) in enumerate(COLUMNS)]
+    return tuple(cols)
 
 
 def batch_flags(temperature, top_k, top_p, vocab_size: int) -> tuple[bool, bool]:
@@ -150,3 +156,21 @@ def batch_flags(temperature, top_k, top_p, vocab_size: int) -> tuple[bool, bool]
     random_rows = t > 0
     filters = ((k > 0) & (k < vocab_size)) | (p < 1.0)
     return bool(not random_rows.any()), bool((random_rows & filters).any())
+
+
+class SamplingTable:
+    """Host: every slot's sampling params, one ROW_DTYPE row per slot (set when its request's prefill is planned),
+    plus a greedy all-zero row for padding (index num_slots). A step's array is one gather and a view."""
+
+    def __init__(self, num_slots: int, vocab_size: int):
+        self.rows = np.zeros(num_slots + 1, ROW_DTYPE)
+        self.vocab_size = vocab_size
+
+    def set(self, slot: int, params, seed: int) -> None:
+        self.rows[slot] = (params.temperature, params.top_k, params.top_p, seed)
+
+    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool]]:
+        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered))."""
+        rows = self.rows[slots]
+        flags = batch_flags(rows["temperature"], rows["top_k"], rows["top_p"], self.vocab_size)
+        return rows.view(np.uint32).reshape(len(rows), -1), flags

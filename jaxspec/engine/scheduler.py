@@ -3,7 +3,9 @@
 The plan for step N+1 never depends on step N's outputs: the host knows each sequence's length only as an upper
 bound (every dispatched step may add up to k+1 tokens), allocates pages for that worst case, and learns exact
 lengths when a step is committed, one step late. A request that finished in step N is still in step N+1; that
-step's tokens for it are dropped at commit.
+step's tokens for it are dropped at commit. A finished or aborted request leaves the queues at once, but keeps its
+pages and slot until the last dispatched step that uses them is committed: plans made before the finish (sync mode
+plans N+1 before committing N) can still run it with the tables they were made with.
 """
 
 from __future__ import annotations
@@ -55,6 +57,36 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished (or aborted) sequence out of the queues; its pages and slot go back once no dispatched
+        step uses them."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.num_inflight == 0:
+            self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        if seq.slot >= 0:
+            self.block_manager.free(seq)
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+
+    def reset(self, seqs: list[Sequence]) -> None:
+        """Rebuild the queues from scratch after dispatched steps were lost (their outputs never read; the device
+        state may be gone): every page and slot free, every unfinished sequence of `seqs` (in admission order)
+        waiting to be recomputed from its committed tokens. Depends on nothing a half-done plan or commit may have
+        left behind."""
+        self.block_manager.reset()
+        self.free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
+        self.running = []
+        self.waiting = deque(seq for seq in seqs if not seq.is_finished)
+        for seq in seqs:
+            seq.slot, seq.pages, seq.num_inflight, seq.inflight_max_tokens = -1, [], 0, 0
+            if not seq.is_finished:
+                seq.status, seq.decoding = Status.WAITING, False
+
     # ---- planning
 
     def _decode_positions(self, seq: Sequence) -> int:
@@ -64,10 +96,9 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's pages and slot; it is recomputed from its tokens once its in-flight steps
-        are committed."""
-        self.block_manager.free(seq)
-        self.free_slots.append(seq.slot)
-        seq.slot = -1
+        are committed. Safe while those steps still use the pages: the device runs steps in order, so a later
+        owner's writes land after them."""
+        self._free(seq)
         seq.status = Status.WAITING
         self.num_preemptions += 1
         self.running.remove(seq)
@@ -135,33 +166,34 @@ class Scheduler:
 
     # ---- committing
 
-    def commit(self, plan: StepPlan, prefill_out, decode_out) -> None:
-        """Apply a step's fetched outputs: prefill_out [R, 2], decode_out [B, k+2] (count, tokens...)."""
+    def commit(self, plan: StepPlan, prefill_out, decode_out) -> list[Sequence]:
+        """Apply a step's fetched outputs: prefill_out [R, 2], decode_out [B, k+2] (count, tokens...). Returns the
+        sequences that got tokens."""
+        emitted = []
         for i, chunk in enumerate(plan.prefill):
             seq = chunk.seq
             seq.num_inflight -= 1
             if chunk.is_last:
                 seq.inflight_max_tokens -= 1
-                self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [])
+                self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [], emitted)
+            self._settle(seq)
         rows = decode_out.tolist() if plan.decode else []  # one conversion, not one per row
         for seq, row in zip(plan.decode, rows):
             seq.num_inflight -= 1
             seq.inflight_max_tokens -= self.k + 1
-            self._emit(seq, row[1:1 + row[0]])
+            self._emit(seq, row[1:1 + row[0]], emitted)
+            self._settle(seq)
+        return emitted
 
-    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+    def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence]) -> None:
         if seq.is_finished or not tokens:
             return
         self.append_tokens(seq, tokens)
+        emitted.append(seq)
         if seq.is_finished:
-            self._release(seq)
+            self.finish(seq)
 
-    def _release(self, seq: Sequence) -> None:
-        """A finished sequence leaves at once; steps still in flight for it are harmless (device order)."""
-        if seq in self.running:
-            self.block_manager.free(seq)
-            self.free_slots.append(seq.slot)
-            seq.slot = -1
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+    def _settle(self, seq: Sequence) -> None:
+        """Free a finished sequence's pages and slot once its last dispatched step is committed."""
+        if seq.is_finished and seq.num_inflight == 0:
+            self._free(seq)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from functools import cached_property
-
-import numpy as np
 
 from jaxspec.sampling_params import SamplingParams
 
@@ -19,14 +16,14 @@ class Status(enum.Enum):
 
 @dataclass
 class Sequence:
-    request_id: int
+    request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
     prompt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
-    finish_reason: str | None = None  # "stop" or "length"
+    finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None
     slot: int = -1
     pages: list[int] = field(default_factory=list)
@@ -35,16 +32,12 @@ class Sequence:
     decoding: bool = False  # prefill done; the device state holds last_token and seq_len
     num_inflight: int = 0  # dispatched steps whose tokens are not committed yet
     inflight_max_tokens: int = 0  # the most tokens those steps can add (1 per prefill end, k+1 per decode)
+    # text: kept current while generating when the request streams or has stop strings, else decoded at finish
     text: str = ""
     prefix_offset: int = 0  # incremental detokenization window over output_token_ids
     read_offset: int = 0
-
-    @cached_property
-    def sampling_row(self) -> np.ndarray:
-        """This request's row of the step's packed sampling params (sampler.pack_params), built once."""
-        from jaxspec.engine.sampler import pack_params
-        p = self.params
-        return pack_params([p.temperature], [p.top_k], [p.top_p], [self.seed])[0]
+    num_returned_tokens: int = 0  # DELTA outputs: what the last output already gave
+    num_returned_chars: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -45,6 +45,11 @@ def init_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: in
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
+def page_bytes(num_layers: int, num_kv_heads: int, page_size: int, head_dim: int, dtype: jnp.dtype) -> int:
+    """Bytes `init_cache` allocates per page (K and V, every layer)."""
+    return 2 * num_layers * num_kv_heads * page_size * head_dim * jnp.dtype(dtype).itemsize
+
+
 @partial(jax.tree_util.register_dataclass, data_fields=["block_tables", "slot_mapping", "token_rows"],
          meta_fields=[])
 @dataclass

@@ -32,7 +32,8 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
         print(f"loaded {len(data)} sequences from {cache}")
         return data
     from jaxspec.config import buckets_up_to
-    from jaxspec.llm import LLM, eos_token_ids
+    from jaxspec.llm import LLM
+    from jaxspec.tokenizer import eos_token_ids
 
     if not args.data:
         raise ValueError("--data is required to generate a dataset (no --dataset-cache file to load)")
@@ -62,14 +63,14 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
 
 def train_from_args(args: argparse.Namespace) -> Path:
     from jaxspec.convert.checkpoint import load_model
-    from jaxspec.llm import LLM
+    from jaxspec.loader import resolve
     from jaxspec.train.trainer import export_head, train_eagle, training_info
 
     if args.data_only and not args.dataset_cache:
         raise ValueError("--data-only needs --dataset-cache (where to write the data)")
     if not args.data_only and not args.out:
         raise ValueError("--out is required (the directory for the exported head)")
-    model_path = LLM._resolve(args.model)
+    model_path = resolve(args.model)
     data = build_dataset(args, model_path)
     if args.data_only:
         return Path(args.dataset_cache)
