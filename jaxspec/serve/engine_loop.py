@@ -6,9 +6,9 @@ when none is. The outputs of a step go to the event loop in one `call_soon_threa
 each to its request's asyncio queue: the HTTP side never waits on a step and never touches the engine, and the
 engine thread does nothing per request but what `step()` does.
 
-Adds are acknowledged: the engine thread runs `add_request` (which validates and raises a ValueError naming the
-problem before anything is queued) and resolves the caller's future, so a bad request gets its 400 before any
-response header is sent. A batch of requests is added all or nothing.
+Adds are acknowledged: the engine thread validates the requests (`make_request` raises a ValueError naming the
+problem), queues them only if all are valid, and resolves the caller's future, so a bad request gets its 400
+before any response header is sent and a batch of prompts runs all or nothing.
 """
 
 from __future__ import annotations
@@ -192,17 +192,17 @@ class EngineLoop:
         return True
 
     def _add(self, cmd: _Add) -> None:
-        added = []
+        """Validate the whole batch, then queue it: a ValueError leaves nothing queued."""
+        ids = [rid for rid, _, _ in cmd.requests]
         try:
-            for rid, prompt, params in cmd.requests:
-                self.engine.add_request(rid, prompt, params)
-                added.append(rid)
+            seqs = [self.engine.make_request(rid, prompt, params) for rid, prompt, params in cmd.requests]
         except ValueError as e:
-            self.engine.abort_request(added)
-            self._loop.call_soon_threadsafe(self._acknowledge, cmd.done, [rid for rid, _, _ in cmd.requests], e)
+            self._loop.call_soon_threadsafe(self._acknowledge, cmd.done, ids, e)
             return
-        self._live.update(added)
-        self._loop.call_soon_threadsafe(self._acknowledge, cmd.done, added, None)
+        for seq in seqs:
+            self.engine.queue(seq)
+        self._live.update(ids)
+        self._loop.call_soon_threadsafe(self._acknowledge, cmd.done, ids, None)
 
     def _drain_for_stop(self) -> None:
         """Abort everything still running and step until the engine has freed it, so the LLM stays usable."""
