@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -66,6 +67,7 @@ class EngineCollector:
 
 class ServerMetrics:
     def __init__(self, model_name: str, snapshot: Callable[[], dict]):
+        prometheus_client.disable_created_metrics()  # as vLLM: no `_created` sample beside every counter
         self.registry = CollectorRegistry()
 
         def metric(cls, name: str, doc: str, **kw):
