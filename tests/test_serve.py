@@ -112,6 +112,11 @@ def wait_until_idle(url: str, timeout: float = 30) -> dict:
         time.sleep(0.05)
 
 
+def post(served, path: str, body: dict, key: str | None = API_KEY, timeout: float = 30) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(served.url + path, json=body, headers=headers, timeout=timeout)
+
+
 # ---- the OpenAI API with the openai client
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -222,14 +227,23 @@ def test_disconnect_mid_stream_frees_pages(served):
         MAX_MODEL_LEN - 2
 
 
+def test_disconnect_before_a_non_streaming_response_frees_pages(served):
+    before = wait_until_idle(served.url)
+    body = json.dumps({"model": MODEL, "prompt": "ab", "max_tokens": MAX_MODEL_LEN - 2, "ignore_eos": True}).encode()
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:  # raw, so that it can hang up at the right moment
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+                     + body)
+        first = "vllm:time_to_first_token_seconds_count"
+        while metric(scrape(served.url), first) == metric(before, first):  # until it is generating
+            time.sleep(0.002)
+    after = wait_until_idle(served.url)
+    assert metric(after, "vllm:request_success_total", finished_reason="abort") == \
+        metric(before, "vllm:request_success_total", finished_reason="abort") + 1
+
+
 # ---- errors
-
-def post(served, path: str, body, key: str | None = API_KEY) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    if isinstance(body, str):
-        return httpx.post(served.url + path, content=body, headers=headers | {"Content-Type": "application/json"})
-    return httpx.post(served.url + path, json=body, headers=headers)
-
 
 BAD_REQUESTS = [  # (path, body, status, param)
     ("/v1/completions", {"model": MODEL, "prompt": "a" * MAX_MODEL_LEN}, 400, None),  # no room left to generate
@@ -332,7 +346,8 @@ def test_soak_500_requests_with_disconnects(served):
         return json.loads(events[-2])["usage"]["completion_tokens"]
 
     async def main():
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # idle connections are dropped before uvicorn's 5 s keep-alive timeout would close them under a request
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2)
         async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {API_KEY}"},
                                      limits=limits, timeout=60) as client:
             return await asyncio.gather(*(one(client, i) for i in range(n)))

@@ -172,7 +172,10 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
     headers = _headers(args)
     sampling = {"model": model, "stream": True, "stream_options": {"include_usage": True},
                 "temperature": args.temperature} | ({"ignore_eos": True} if args.ignore_eos else {})
-    limits = httpx.Limits(max_connections=args.max_concurrency, max_keepalive_connections=args.max_concurrency)
+    # idle connections are dropped before a server's keep-alive timeout (uvicorn's is 5 s) can close one just as
+    # a request reuses it
+    limits = httpx.Limits(max_connections=args.max_concurrency, max_keepalive_connections=args.max_concurrency,
+                          keepalive_expiry=2)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
         first = await send(client, url, headers, requests[0].body | sampling, time.perf_counter())
         if not first.success:
