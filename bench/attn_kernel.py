@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.data import load_hf_config  # noqa: E402
 from jaxspec.models import attention, llama, paged_kernel  # noqa: E402
+from jaxspec.models.kernel_config import KernelConfig  # noqa: E402
 
 FIELDS = ("page_size", "block_tokens", "num_warps", "num_stages", "programs")
 
@@ -70,7 +71,7 @@ def time_shape(shape: str, variants: list[tuple], args) -> dict:
         stock_block = max(1, min(pages, 128 // S))
 
         def stock(q, k, v, t, p):
-            splits = attention.pallas_splits(B * T, kvh, pages // stock_block)
+            splits = attention.pallas_splits(B * T, kvh, pages // stock_block, KernelConfig().attn_programs)
             return one_query(q.reshape(B * T, H, D), k, v, jnp.repeat(t, T, axis=0), p.reshape(-1) + 1,
                              pages_per_compute_block=stock_block, k_splits=splits,
                              interpret=args.interpret).reshape(q.shape)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec import LLM, SamplingParams, presets  # noqa: E402
 from jaxspec.loader import dummy_config  # noqa: E402
+from jaxspec.resolve import resolve_model  # noqa: E402
 
 
 def tiny_model_dir(hf: Path) -> Path:
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
-    hf = presets.fetch_preset().parent / "hf"
+    hf = resolve_model(presets.DEFAULT_PRESET).hf_dir
     spec = {"method": "eagle", "model": "-", "num_speculative_tokens": args.k} if args.k else None
     model_dir = tiny_model_dir(hf)
     llm = LLM.from_weights(dummy_config(model_dir, "float32"), None, tokenizer=model_dir, load_format="dummy",

@@ -12,6 +12,7 @@ a lookup reads B rows) and every cached K/V once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -26,7 +27,8 @@ from jaxspec.bench.data import load_hf_config  # noqa: E402
 from jaxspec.bench.engine import decode_step_time, env_knobs, step_read_bytes  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
-from jaxspec.models import attention, eagle, llama  # noqa: E402
+from jaxspec.models import eagle, llama  # noqa: E402
+from jaxspec.models.kernel_config import KernelConfig  # noqa: E402
 
 
 def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int,
@@ -77,18 +79,19 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
     ap.add_argument("--pool-scale", type=float, default=1.0,
                     help="KV pool size as a multiple of what the batch needs (the engine's pool is larger)")
-    ap.add_argument("--pallas-programs", type=int, help="override attention.PALLAS_PROGRAMS (the kernel's "
+    ap.add_argument("--pallas-programs", type=int, help="override KernelConfig.attn_programs (the kernel's "
                                                           "table splits), to compare settings")
     ap.add_argument("--profile-dir", help="also trace --iters pipelined steps at the first batch size and print "
                                           "device time per step by kernel")
     ap.add_argument("--output-json")
     args = ap.parse_args()
 
+    kernel = KernelConfig.from_env()
     if args.pallas_programs:
-        attention.PALLAS_PROGRAMS = args.pallas_programs
+        kernel = dataclasses.replace(kernel, attn_programs=args.pallas_programs)
     gpu = jax.default_backend() == "gpu"
     cfg = llama.Config.from_hf(load_hf_config(args.hf_config)[1], dtype=args.dtype).replace(
-        attn_impl="pallas" if gpu else "xla",
+        attn_impl="pallas" if gpu else "xla", kernel=kernel,
         layer_loop=("unroll" if gpu else "scan") if args.layer_loop == "auto" else args.layer_loop)
     w = llama.init(cfg, jax.random.key(0))
     dcfg = dw = None
@@ -108,7 +111,7 @@ def main() -> None:
               f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
-              "pallas_programs": attention.PALLAS_PROGRAMS, "pool_scale": args.pool_scale, "page_size": args.page_size,
+              "kernel": dataclasses.asdict(kernel), "pool_scale": args.pool_scale, "page_size": args.page_size,
               "env": env_knobs(), "bandwidth": bw, "rows": rows}
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))

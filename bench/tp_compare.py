@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxspec import LLM, SamplingParams, parallel  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
 from jaxspec.bench.engine import decode_step_time  # noqa: E402
+from jaxspec.models import llama  # noqa: E402
 
 
 def step_time(llm: LLM, B: int, context: int, iters: int) -> float:
@@ -52,9 +52,7 @@ def main() -> None:
 
     batches = [int(b) for b in args.batches.split(",")]
     label, hf = load_hf_config(args.hf_config)
-    model_dir = Path(tempfile.mkdtemp()) / label
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(hf))
+    cfg = llama.Config.from_hf(hf, dtype=args.dtype, source=label)
     max_num_seqs = max(batches + [args.num_prompts])
     max_model_len = max(args.context + (args.iters + 8) * (args.k + 1), args.input_len + args.max_tokens) + 64
     extra = {}
@@ -65,15 +63,15 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for tp in [int(t) for t in args.tp.split(",")]:
         t0 = time.perf_counter()
-        llm = LLM(str(model_dir), load_format="dummy", dtype=args.dtype, tensor_parallel_size=tp,
-                  max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
-                  decode_buckets=sorted(set(batches + [max_num_seqs])), prefill_buckets=[256, 2048], warmup=False,
-                  layer_loop=args.layer_loop, **extra)
+        llm = LLM.from_weights(cfg, None, load_format="dummy", tensor_parallel_size=tp, max_model_len=max_model_len,
+                               max_num_seqs=max_num_seqs, max_num_batched_tokens=2048,
+                               decode_buckets=sorted(set(batches + [max_num_seqs])), prefill_buckets=[256, 2048],
+                               warmup=False, layer_loop=args.layer_loop, **extra)
         row = {"model": label, "tp": tp, "k": args.k, "devices": [d.device_kind for d in jax.devices()[:tp]],
                "attn_impl": llm.model_config.attn_impl,
                "layer_loop": llm.model_config.layer_loop, "xla_flags": os.environ.get("XLA_FLAGS", ""),
                "num_pages": llm.engine_config.num_pages,
-               "weight_bytes_per_device": parallel.bytes_per_device(llm.llm_engine.runner.tw, tp),
+               "weight_bytes_per_device": parallel.bytes_per_device(llama.abstract(llm.model_config), tp),
                "build_s": round(time.perf_counter() - t0, 1)}
         for B in batches:
             row[f"step_ms_b{B}_ctx{args.context}"] = round(step_time(llm, B, args.context, args.iters) * 1e3, 3)

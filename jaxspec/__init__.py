@@ -1,12 +1,22 @@
-"""jaxspec: Llama-family inference in JAX with EAGLE speculative decoding and async scheduling."""
+"""jaxspec: Llama-family inference in JAX with EAGLE speculative decoding and async scheduling.
 
+The public names load lazily, so that importing a submodule (say `jaxspec.models`) imports only what it needs.
+"""
+
+import importlib
 import logging
 
-from jaxspec.llm import LLM
-from jaxspec.outputs import CompletionOutput, RequestOutput
-from jaxspec.sampling_params import RequestOutputKind, SamplingParams
+_PUBLIC = {"LLM": "jaxspec.llm", "SamplingParams": "jaxspec.sampling_params",
+           "RequestOutputKind": "jaxspec.sampling_params", "RequestOutput": "jaxspec.outputs",
+           "CompletionOutput": "jaxspec.outputs"}
+__all__ = list(_PUBLIC)
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestOutputKind"]
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'jaxspec' has no attribute {name!r}")
+
 
 # Like vLLM, jaxspec's own messages (KV cache size, compile progress) show at INFO on stderr unless the
 # application configures the "jaxspec" logger itself.

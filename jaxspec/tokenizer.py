@@ -1,4 +1,4 @@
-"""The model's tokenizer and its end-of-sequence token ids, found beside the weights."""
+"""The model's tokenizer and its end-of-sequence token ids, found beside the weights (jaxspec.resolve.beside)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def _tokenizer_dirs(path: Path) -> tuple[Path, ...]:
-    """Where a tokenizer may live for a model path: the path itself, or its preset layout's hf/ directory."""
-    return path, path / "hf", path.parent / "hf"
+from jaxspec import resolve
 
 
 def load_tokenizer(path: str | Path, must_exist: bool = False) -> Any | None:
@@ -18,19 +15,19 @@ def load_tokenizer(path: str | Path, must_exist: bool = False) -> Any | None:
     path = Path(path)
     if must_exist and not path.exists():
         raise ValueError(f"tokenizer {str(path)!r}: no such file or directory")
-    for d in _tokenizer_dirs(path):
-        if (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists():
-            from transformers import AutoTokenizer
-            return AutoTokenizer.from_pretrained(str(d))
-    if must_exist:
-        raise ValueError(f"tokenizer {str(path)!r}: no tokenizer.json or tokenizer_config.json there")
-    return None
+    d = resolve.find_beside(path, *resolve.TOKENIZER_FILES)
+    if d is None:
+        if must_exist:
+            raise ValueError(f"tokenizer {str(path)!r}: no {' or '.join(resolve.TOKENIZER_FILES)} there")
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(d))
 
 
 def eos_token_ids(tokenizer: Any | None, path: Path) -> set[int]:
     """generation_config.json's eos_token_id (one id or a list) and the tokenizer's."""
     ids: set[int] = set()
-    for d in _tokenizer_dirs(Path(path)):
+    for d in resolve.beside(Path(path)):
         gen = d / "generation_config.json"
         if gen.exists():
             eos = json.loads(gen.read_text()).get("eos_token_id")

@@ -9,6 +9,9 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     # this when jax first initializes, so it must be set here, before any test module imports jax.
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# LLM's default persistent compilation cache (~/.cache/jaxspec/xla) off: the suite writes nothing to the user's
+# cache and each test compiles what it checks. tests/test_compile_cache.py turns it on where it is the subject.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
 
 
 import pytest  # noqa: E402

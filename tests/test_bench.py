@@ -4,6 +4,7 @@ plumbing, the printed line and the JSON fields are."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -69,8 +70,8 @@ def test_sweep_point(sweep, capsys, monkeypatch):
     assert set(saved["identical"]) == {"2/eagle k=2", "2/no spec"}
     assert all(v["all"] and v["fraction"] == 1.0 for v in saved["identical"].values())
     assert saved["models"]["eagle k=2"]["bytes"]["draft_weights_per_pass"] > 0
-    assert len(saved["roofline"]) == 4 and all(r["floor_ms"] > 0 for r in saved["roofline"])
-    assert saved["bandwidth"]["tb_s"] > 0
+    assert saved["roofline"] == [] and saved["bandwidth"]["tb_s"] > 0  # measured, but a CPU's: no roofline
+    assert "\nno roofline: cpu is not a GPU (the floor is a GPU's memory bandwidth)\n" in out
     assert len(saved["profile"]) == 4
     assert all(0 < p["busy_fraction"] <= 1 and p["num_steps"] > 0 for p in saved["profile"])
     assert all(p["nvml_repeats"] == 2 and "nvml_error" in p for p in saved["profile"])  # no NVML GPU here
@@ -223,3 +224,54 @@ def test_dataset_prompts(tmp_path):
     assert data.random_prompts(3, 5, 100, 0) == data.random_prompts(3, 5, 100, 0)
     with pytest.raises(ValueError, match="tokenizer"):
         data.dataset_prompts(path, 1, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset-name", "sharegpt"], "--dataset-name: invalid choice: 'sharegpt'"),
+    (["--dataset-name", "custom"], "--dataset-name custom needs --dataset-path"),
+    (["--dataset-name", "random", "--dataset-path", "x.jsonl"], "random makes its own prompts: drop --dataset-path"),
+])
+def test_dataset_name_errors_name_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "no-model-needed", *argv])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_dataset_path_is_vllms_name_for_dataset(tmp_path):
+    """--dataset-path FILE (vLLM) and --dataset FILE (ours) read the same JSONL, as --dataset-name custom."""
+    from jaxspec.bench.throughput import add_arguments, check_dataset, make_prompts, model_source
+    from tests.tiny import write_model_dir
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"question": "abc"}) + "\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    model = str(write_model_dir(tmp_path / "m"))  # its character tokenizer: "abc" is [0, 1, 2]
+    prompts = []
+    for flags in (["--dataset-path", str(path)], ["--dataset", str(path)], ["--dataset-name", "custom",
+                                                                              "--dataset-path", str(path)]):
+        args = parser.parse_args(["--model", model, *flags])
+        assert check_dataset(args) == "custom"
+        prompts.append(make_prompts(args, model_source(args), 2)[0])
+    assert prompts[0] == prompts[1] == prompts[2] == [[0, 1, 2]] * 2
+
+
+@pytest.mark.parametrize("machine, bandwidth, tbs, rows", [
+    ({"backend": "gpu", "device_kind": "NVIDIA H200"}, {}, None, 4.3),  # known for an H200
+    ({"backend": "gpu", "device_kind": "NVIDIA H200"}, {"tb_s": 4.0}, None, 4.0),  # measured wins
+    ({"backend": "gpu", "device_kind": "NVIDIA A100-SXM4-80GB"}, {}, 2.0, 2.0),  # given
+    ({"backend": "gpu", "device_kind": "NVIDIA A100-SXM4-80GB"}, {}, None, None),  # unknown: none
+    ({"backend": "cpu", "device_kind": "cpu"}, {"tb_s": 0.05}, 4.3, None),  # a CPU: never
+])
+def test_roofline_only_with_a_gpus_bandwidth(machine, bandwidth, tbs, rows):
+    model = {"bytes": {"k": 0, "target_weights": 4.3e9, "draft_weights_per_pass": 0, "kv_per_token_target": 0,
+                       "kv_per_token_draft": 0}}
+    point = {"num_prompts": 1, "num_requests": 1, "mode": "m", "async": True, "num_steps": 10, "prompt_tokens": 8,
+             "output_tokens": 8, "wall_per_step_ms": 2.0}
+    result = {"machine": machine, "bandwidth": bandwidth, "args": {"bandwidth_tbs": tbs, "max_num_seqs": 1},
+              "points": [point], "models": {"m": model}}
+    got = report.roofline(result)
+    if rows is None:
+        assert got == [] and report.roofline_bandwidth(result)[1].startswith("no roofline: ")
+    else:
+        assert got[0]["bandwidth_tb_s"] == rows and got[0]["floor_ms"] == pytest.approx(4.3 / rows)

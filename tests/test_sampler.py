@@ -10,6 +10,7 @@ from scipy.stats import chisquare
 
 from jaxspec.engine.sampler import (batch_flags, filter_probs, pack_params, rejection_sample, token_keys,
                                     unpack_params)
+from tests.numerics import FP32_EPS, assert_close_scaled
 
 ALPHA = 0.01
 N = 24_000  # samples (one seed each) per losslessness run
@@ -68,7 +69,8 @@ def test_filter_probs_matches_numpy():
     for b in range(B):
         for t in range(T):
             want = ref_filter(logits[b, t].astype(np.float64), temperature[b], top_k[b], top_p[b])
-            np.testing.assert_allclose(got[b, t], want, atol=2e-6, err_msg=f"row {b} pos {t}")
+            # fp32 against float64: softmax and the renormalizations sum V = 50 terms
+            assert_close_scaled(got[b, t], want, V * FP32_EPS, err_msg=f"row {b} pos {t}")
             assert np.array_equal(got[b, t] > 0, want > 0)
     assert ((got[1] > 0).sum(-1) == 5).all() and ((got[2] > 0).sum(-1) == 1).all()  # exactly k kept
     assert ((got[3] > 0).sum(-1) == 1).all() and (got[3].argmax(-1) == logits[3].argmax(-1)).all()  # greedy
@@ -80,7 +82,9 @@ def test_filter_probs_unfiltered_is_softmax():
     temperature, top_k, top_p = jnp.array([0.5, 1.0]), jnp.array([0, 30]), jnp.array([1.0, 1.0])
     want = jax.nn.softmax(logits / temperature[:, None, None], axis=-1)
     for filtered in (True, False):
-        np.testing.assert_allclose(filter_probs(logits, temperature, top_k, top_p, filtered), want, atol=1e-6)
+        # two fp32 softmaxes over V = 30 logits, normalized in other orders
+        assert_close_scaled(filter_probs(logits, temperature, top_k, top_p, filtered), want, 30 * FP32_EPS,
+                            err_msg=f"filtered={filtered}")
 
 
 def test_pack_and_flags():

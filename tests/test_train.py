@@ -18,6 +18,7 @@ from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, init_cache
 from jaxspec.train import data, losses, trainer
 from jaxspec.train.tiny import tiny_aux_layers
+from tests.numerics import BF16_EPS, FP32_EPS, assert_close_scaled
 
 TINY = llama.Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                     num_kv_heads=2, head_dim=16)
@@ -82,7 +83,10 @@ def test_ttt_unroll_equals_paged_drafting(target, method):
     kv = init_cache(1, cfg.num_kv_heads, B * pages, page, cfg.head_dim, jnp.float32)
     first, kv_all = fwd(w, cfg=cfg, target_embed=target.embed, tokens=losses.shift_left(tokens, 1), hidden=feats,
                         positions=pos, kv=kv, batch=batch(pos))
-    np.testing.assert_allclose(outs[0], first, rtol=1e-5, atol=1e-5)
+    # the unroll attends densely and the engine through pages, in other batch shapes: fp32 sums of up to 3H = 192
+    # terms (EAGLE-3's fc) in other orders, a few layers deep
+    rel = 192 * FP32_EPS
+    assert_close_scaled(outs[0], first, rel, err_msg="first pass")
     for i in (0, 5, T - S - 1):
         h, kv = first[:, i], kv_all
         for j in range(1, S):
@@ -90,7 +94,7 @@ def test_ttt_unroll_equals_paged_drafting(target, method):
             out, kv = fwd(w, cfg=cfg, target_embed=target.embed, tokens=tokens[:, i + j + 1, None],
                           hidden=h[:, None], positions=pos, kv=kv, batch=batch(pos), from_target=False)
             h = out[:, 0]
-            np.testing.assert_allclose(outs[j][:, i], h, rtol=1e-5, atol=1e-5, err_msg=f"anchor {i} step {j}")
+            assert_close_scaled(outs[j][:, i], h, rel, err_msg=f"anchor {i} step {j}")
 
 
 # ---------------------------------------------------------------- training
@@ -119,7 +123,7 @@ def test_resume_continues_the_same_run(target, dataset, trained, tmp_path):
     assert [h["step"] for h in first] == list(range(half))
     resumed, full = train(target, dataset, "eagle3", ckpt_dir=tmp_path, ckpt_every=20, resume=True)
     assert [h["step"] for h in full] == list(range(RUNS["eagle3"]["steps"]))
-    np.testing.assert_allclose([h["loss"] for h in full], [h["loss"] for h in history], rtol=1e-6)
+    assert [h["loss"] for h in full] == [h["loss"] for h in history]  # the same steps on the same state
     for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(straight)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="different run"):
@@ -142,14 +146,16 @@ def test_export_load_round_trip(trained, target, method, tmp_path):
 
     want_out, want_tok = drafts(cfg, weights)
     info = trainer.training_info(history, 1.0, method=method)
-    for dtype, tol in (("float32", 1e-6), ("bfloat16", 5e-2)):
+    for dtype in ("float32", "bfloat16"):
         path = trainer.export_head(tmp_path / dtype, cfg, weights, dtype, info)
         got_cfg, got_w = load_eagle(str(path), TINY)
         assert got_cfg == cfg and json.loads((path / "config.json").read_text())["torch_dtype"] == dtype
         out, tok = drafts(got_cfg, got_w)
-        np.testing.assert_allclose(out, want_out, rtol=tol, atol=tol)
-        if dtype == "float32":
+        if dtype == "float32":  # the same weights, bit for bit: the same computation
+            np.testing.assert_array_equal(out, want_out)
             np.testing.assert_array_equal(tok, want_tok)
+        else:  # each weight rounded to bf16 (relative error up to eps/2), through fc, attention and the MLP
+            assert_close_scaled(out, want_out, 4 * BF16_EPS, err_msg="bf16 export")
     assert json.loads((tmp_path / "float32" / "training.json").read_text())["steps_done"] == RUNS[method]["steps"]
 
 

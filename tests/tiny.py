@@ -44,6 +44,29 @@ def write_char_tokenizer(path: Path, eos_token_id: int | None = None) -> Path:
     return path
 
 
+def write_model_dir(root: Path, seed: int = 0, cfg: llama.Config = TINY) -> Path:
+    """A preset-shaped weights directory of a tiny random model: root/hf (HF Llama layout with the character
+    tokenizer) and root/ckpt (jaxspec checkpoint of the same weights)."""
+    from jaxspec.convert.checkpoint import save_checkpoint
+    from jaxspec.convert.hf_llama import save_hf_llama
+
+    w = tiny_weights(seed, cfg)
+    save_hf_llama(cfg, w, root / "hf")
+    write_char_tokenizer(root / "hf")
+    save_checkpoint(root / "ckpt", cfg, w)
+    return root
+
+
+def write_random_head(path: Path, method: str = "eagle", seed: int = 5, cfg: llama.Config = TINY) -> Path:
+    """An EAGLE head of random weights for `cfg` (acceptance is then low, but every code path runs)."""
+    from jaxspec.convert.eagle import save_eagle
+    from jaxspec.models import eagle
+
+    head = eagle.EagleConfig.from_target(cfg, method)
+    save_eagle(str(path), head, eagle.init(head, jax.random.key(seed), scale=0.2))
+    return path
+
+
 def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab: int = TINY.vocab_size) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]

@@ -9,8 +9,10 @@ W_target counts the layers, the final norm and the LM head (the embedding matrix
 the LM head: a lookup reads B rows, not the matrix). An EAGLE step makes k draft passes (one over the k+1
 verified positions, then k-1 single-token passes); each reads the head's layer and fc and an LM head (the
 target's for EAGLE-1, its own for EAGLE-3). ctx = mean prompt length + half the mean output length (the mean
-context over the run), batch = min(num_prompts, max_num_seqs). floor = bytes / measured copy bandwidth; the
-measured step is engine wall time / steps (prefill steps included, so ramp-up and tail count against us).
+context over the run), batch = min(num_prompts, max_num_seqs). floor = bytes / copy bandwidth; the measured step
+is engine wall time / steps (prefill steps included, so ramp-up and tail count against us). The bandwidth is the
+GPU's measured one (--measure-bandwidth), else --bandwidth-tbs, else the figure known for its device kind; on a
+CPU, or a GPU of unknown bandwidth, there is no roofline (a floor in another device's bandwidth means nothing).
 """
 
 from __future__ import annotations
@@ -108,10 +110,31 @@ def step_bytes(model: dict, batch: int, ctx: float) -> float:
             + batch * ctx * (b["kv_per_token_target"] + k * b["kv_per_token_draft"]))
 
 
+# Device-to-device copy bandwidth (read + write, TB/s) by jax device_kind, for runs that measured none.
+KNOWN_BANDWIDTH_TBS = {"NVIDIA H200": 4.3}  # DESIGN.md's figure
+
+
+def roofline_bandwidth(result: dict) -> tuple[float | None, str]:
+    """(TB/s, where it comes from) for the roofline, or (None, why there is none)."""
+    machine = result.get("machine") or {}
+    kind = machine.get("device_kind", "unknown device")
+    if machine.get("backend") != "gpu":
+        return None, f"no roofline: {kind} is not a GPU (the floor is a GPU's memory bandwidth)"
+    if (result.get("bandwidth") or {}).get("tb_s"):
+        return result["bandwidth"]["tb_s"], "measured"
+    if result["args"].get("bandwidth_tbs"):
+        return result["args"]["bandwidth_tbs"], "--bandwidth-tbs"
+    if kind in KNOWN_BANDWIDTH_TBS:
+        return KNOWN_BANDWIDTH_TBS[kind], f"known for {kind}"
+    return None, (f"no roofline: the copy bandwidth of {kind} is not known; pass --measure-bandwidth or "
+                  "--bandwidth-tbs")
+
+
 def roofline(result: dict) -> list[dict]:
-    bw = result.get("bandwidth") or {}
-    tbs = bw.get("tb_s") or result["args"].get("bandwidth_tbs")
+    tbs, source = roofline_bandwidth(result)
     rows = []
+    if tbs is None:
+        return rows
     for p in result["points"]:
         model = result["models"].get(p["mode"])
         if not _ok(p) or model is None or not p.get("num_steps"):
@@ -125,7 +148,7 @@ def roofline(result: dict) -> list[dict]:
         rows.append({"num_prompts": p["num_prompts"], "mode": p["mode"], "async": p["async"], "batch": batch,
                      "ctx": ctx, "gb_per_step": nbytes / 1e9, "floor_ms": floor_ms,
                      "step_ms": p["wall_per_step_ms"], "ratio": p["wall_per_step_ms"] / floor_ms,
-                     "bandwidth_tb_s": tbs, "bandwidth_measured": bool(bw.get("tb_s"))})
+                     "bandwidth_tb_s": tbs, "bandwidth_source": source})
     return rows
 
 
@@ -216,6 +239,8 @@ def results_section(result: dict) -> str:
     parts += ["", "Throughput:", "", sweep_table(result)]
     if result.get("roofline"):
         parts += ["", "Roofline:", "", roofline_table(result)]
+    elif roofline_bandwidth(result)[0] is None:
+        parts += ["", f"Roofline: {roofline_bandwidth(result)[1]}."]
     if result.get("profile"):
         parts += ["", "Device timeline:", "", profile_table(result)]
     if result.get("errors"):

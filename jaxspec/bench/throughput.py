@@ -33,12 +33,14 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxspec import compile_cache
 from jaxspec.bench import data, report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 AGREE_TOKENS = 8  # the HF peer must agree on this many first tokens of each output
+DATASET_NAMES = ("random", "custom")  # vllm bench throughput's --dataset-name values that we have
 
 
 def _ints(s: str) -> list[int]:
@@ -62,8 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--synthetic-acceptance", type=float, metavar="P",
                    help="each draft position accepts with probability P (dummy-weight runs: outputs meaningless)")
     w = p.add_argument_group("workload")
-    w.add_argument("--dataset", help="JSONL with question, prompt, turns or messages (chat-formatted); "
-                                     "default: random token ids of --input-len")
+    w.add_argument("--dataset-name", choices=DATASET_NAMES,
+                   help="as vllm bench throughput (whose sharegpt, sonnet, hf... are not here): random (token ids "
+                        "of --input-len) or custom (the JSONL of --dataset-path); default custom with a "
+                        "--dataset-path, else random")
+    w.add_argument("--dataset-path", "--dataset", dest="dataset",
+                   help="JSONL with question, prompt, turns or messages rows (chat-formatted)")
     w.add_argument("--input-len", type=int, default=128)
     w.add_argument("--max-tokens", "--output-len", dest="max_tokens", type=int, default=256)
     w.add_argument("--num-prompts", type=int, default=48)
@@ -91,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--engine-warmup", action="store_true",
                    help="compile all three sampling modes (LLM(warmup=True)) instead of the one this run uses")
     e.add_argument("--no-warmup-compile", action="store_true", help=argparse.SUPPRESS)  # tests: compile on use
-    e.add_argument("--compilation-cache-dir", help="jax persistent compilation cache (reused by later runs)")
+    compile_cache.add_argument(e)
     s = p.add_argument_group("sweep and reports")
     s.add_argument("--sweep", action="store_true", help="prompt counts x async/sync x EAGLE/no speculation")
     s.add_argument("--sweep-prompts", type=_ints, default=[24, 48, 96])
@@ -107,8 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untraced generate calls, back to back, while NVML samples the GPU's busy fraction")
     s.add_argument("--measure-bandwidth", action="store_true", help="time a large device copy (TB/s)")
     s.add_argument("--bandwidth-bytes", type=int)
-    s.add_argument("--bandwidth-tbs", type=float, default=4.3,
-                   help="copy bandwidth assumed by the roofline when not measured (DESIGN.md's H200 figure)")
+    s.add_argument("--bandwidth-tbs", type=float, default=None,
+                   help="the GPU's copy bandwidth (TB/s) for the roofline when not measured (default: known by "
+                        "device kind, 4.3 for an H200; no roofline on a CPU or an unknown GPU)")
     s.add_argument("--output-json", help="also write the result JSON here")
     s.add_argument("--results-dir", default=str(RESULTS_DIR), help="where --sweep writes JSON and PNG")
     s.add_argument("--update-results-md", nargs="?", const=str(RESULTS_MD), metavar="PATH",
@@ -130,27 +137,23 @@ class ModelSource:
     tokenizer_dir: str | None
 
 
-def resolve_model(args) -> ModelSource:
+def model_source(args) -> ModelSource:
     if args.hf_config:
         if args.load_format != "dummy":
             raise ValueError("--hf-config gives shapes only: use it with --load-format dummy")
         label, hf = data.load_hf_config(args.hf_config)
         return ModelSource(label, None, None, hf, args.tokenizer)
-    path = Path(args.model)
-    if not path.exists():
-        from jaxspec import presets
-        path = presets.fetch_preset(args.model)
-    from jaxspec.convert.checkpoint import CONFIG_FILE
-    ckpt = path / "ckpt" if (path / "ckpt" / CONFIG_FILE).exists() else path
-    hf_dir = next((d for d in (path, path / "hf", path.parent / "hf") if (d / "config.json").exists()), None)
-    if hf_dir is not None:
-        hf = json.loads((hf_dir / "config.json").read_text())
+    from jaxspec.convert.checkpoint import CONFIG_FILE, config_from_json
+    from jaxspec.resolve import resolve_model
+
+    files = resolve_model(args.model)
+    if files.hf_dir is not None:
+        hf = json.loads((files.hf_dir / "config.json").read_text())
     else:
-        from jaxspec.convert.checkpoint import config_from_json
-        hf = config_from_json(json.loads((ckpt / CONFIG_FILE).read_text()), ckpt / CONFIG_FILE).to_hf()
-    has_tok = hf_dir is not None and any((hf_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
-    tok = args.tokenizer or (str(hf_dir) if has_tok else None)
-    return ModelSource(Path(args.model).name, ckpt, hf_dir, hf, tok)
+        config = files.weights / CONFIG_FILE
+        hf = config_from_json(json.loads(config.read_text()), config).to_hf()
+    tok = args.tokenizer or (str(files.tokenizer) if files.tokenizer else None)
+    return ModelSource(Path(args.model).name, files.weights, files.hf_dir, hf, tok)
 
 
 def parse_spec(args) -> dict | None:
@@ -171,6 +174,16 @@ def parse_spec(args) -> dict | None:
     elif spec.get("model") == "dummy":
         raise ValueError('speculative model "dummy" (a random head) needs --load-format dummy')
     return spec
+
+
+def check_dataset(args) -> str:
+    """vLLM's --dataset-name, of which we have random and custom (a JSONL file), agreeing with --dataset-path."""
+    name = args.dataset_name or ("custom" if args.dataset else "random")
+    if name == "custom" and not args.dataset:
+        raise ValueError("--dataset-name custom needs --dataset-path FILE.jsonl")
+    if name == "random" and args.dataset:
+        raise ValueError(f"--dataset-name random makes its own prompts: drop --dataset-path {args.dataset}")
+    return name
 
 
 def mode_label(spec: dict | None, synthetic: float | None) -> str:
@@ -336,9 +349,10 @@ def run(args) -> dict:
         result["label"] = args.label or result["label"]
         finish(args, result, [], render_only=True)
         return result
+    args.dataset_name = check_dataset(args)
     if args.ignore_eos is None:
         args.ignore_eos = not args.dataset
-    src = resolve_model(args)
+    src = model_source(args)
     spec = parse_spec(args)
     counts = sorted(set(args.sweep_prompts)) if args.sweep else [args.num_prompts]
     prompts, prompt_source = make_prompts(args, src, max(counts))
@@ -405,10 +419,9 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
     import jax
 
     from jaxspec.bench import engine
-    if args.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", args.compilation_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     result = bench.result
+    cache = compile_cache.configure(args.compilation_cache_dir)  # before anything compiles
+    result["compilation_cache_dir"] = str(cache) if cache else None
     result["machine"] = machine_info()
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if jax.default_backend() == "gpu" else None)
     result["dtype"] = dtype or "the checkpoint's"
@@ -463,7 +476,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   max_num_batched_tokens=args.max_num_batched_tokens, async_scheduling=args.async_scheduling,
                   seed=args.seed, speculative_config=spec, load_format=args.load_format,
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
-                  warmup=args.engine_warmup,
+                  warmup=args.engine_warmup, compilation_cache_dir=args.compilation_cache_dir,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop,
                   tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
@@ -516,6 +529,8 @@ def finish(args, result: dict, json_paths: list[Path], plot_path: Path | None = 
     print("\n" + report.sweep_table(result))
     if result.get("roofline"):
         print("\n" + report.roofline_table(result))
+    elif report.roofline_bandwidth(result)[0] is None:
+        print("\n" + report.roofline_bandwidth(result)[1])  # one line: why there is none
     if result.get("profile"):
         print("\n" + report.profile_table(result))
     for key, ident in result.get("identical", {}).items():

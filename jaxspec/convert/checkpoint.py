@@ -23,7 +23,10 @@ CONFIG_FILE = "jaxspec_config.json"
 
 
 def config_to_json(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """The Config fields but `kernel` (launch parameters are a run's setting, not the model's)."""
+    d = dataclasses.asdict(cfg)
+    del d["kernel"]
+    return d
 
 
 def config_from_json(d: dict, source: Path) -> Config:
@@ -66,16 +69,16 @@ def load_checkpoint(path: str | Path, sharding: jax.sharding.Sharding | None = N
 
 
 def load_model(path: str | Path, dtype: str | None = None) -> tuple[Config, Weights]:
-    """Device weights of a jaxspec checkpoint or an HF Llama directory (told apart by their files) in `dtype`
-    (default: the checkpoint's own, float32 for HF)."""
-    path = Path(path)
+    """Device weights of a jaxspec checkpoint or an HF Llama directory (told apart by their files), or of anything
+    else `resolve_model` accepts (a preset, a preset's weights directory), in `dtype` (default: the checkpoint's
+    own, float32 for HF)."""
+    from jaxspec.resolve import resolve_model
+
+    path = resolve_model(path).weights
     if (path / CONFIG_FILE).exists():
         cfg, weights = load_checkpoint(path)
         if dtype is None or dtype == cfg.dtype:
             return cfg, weights
         return cfg.replace(dtype=dtype), jax.tree.map(lambda a: a.astype(dtype), weights)
-    if (path / "config.json").exists():
-        cfg, weights = load_hf_llama(path, dtype or "float32")
-        return cfg, jax.device_put(weights)
-    raise ValueError(f"{path}: neither a jaxspec checkpoint ({CONFIG_FILE}) nor a Hugging Face directory "
-                     "(config.json)")
+    cfg, weights = load_hf_llama(path, dtype or "float32")
+    return cfg, jax.device_put(weights)

@@ -160,13 +160,17 @@ def _d2t(tensors: dict[str, np.ndarray], cfg: EagleConfig, source: str) -> np.nd
 
 
 def load_eagle(path: str, target_cfg: llama.Config, method: str | None = None) -> tuple[EagleConfig, EagleWeights]:
-    """Read an EAGLE head directory (config.json + weights) for `target_cfg`; `method` None = detect from the file.
+    """Read an EAGLE head directory (config.json + weights), or a shipped head by name, for `target_cfg`; `method`
+    None = detect from the file.
 
     Raises ValueError naming the file and tensor on any missing, unexpected or misshapen tensor, and when the head
     does not fit the target (hidden size, vocabulary, head_dim, aux layers).
     """
+    from jaxspec.resolve import resolve_head
+
     if method is not None and method not in ("eagle", "eagle3"):
         raise ValueError(f"unknown EAGLE method {method!r} (expected 'eagle' or 'eagle3')")
+    path = str(resolve_head(path))
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise ValueError(f"{path}: no config.json")

@@ -52,15 +52,18 @@ class ModelRunner:
                 target_kv=parallel.cache_sharding(mesh, target_cfg.tp_size),
                 draft_kv=parallel.cache_sharding(mesh, draft_cfg.tp_size) if draft_cfg is not None else None,
                 replicated=NamedSharding(mesh, P()))
-            self.tw = parallel.place(self.tw, parallel.weight_shardings(self.tw, mesh, target_cfg.tp_size))
+            # straight onto their shards, before the KV pool is allocated (a head at tp 1 is whole on every device)
+            self.tw = parallel.place(self.tw, parallel.weight_shardings(llama.abstract(target_cfg), mesh,
+                                                                        target_cfg.tp_size))
             if self.dw is not None:
-                self.dw = parallel.place(self.dw, parallel.weight_shardings(self.dw, mesh, draft_cfg.tp_size))
+                self.dw = parallel.place(self.dw, parallel.weight_shardings(eagle.abstract(draft_cfg), mesh,
+                                                                            draft_cfg.tp_size))
             self.state = parallel.place(self.state, shardings.replicated)
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
                              synthetic_acceptance=synthetic_acceptance, shardings=shardings)
         # the step's static spec for each sampling mode (all_greedy, filtered), built once
-        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f)
+        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f).canonical()
                        for g in (True, False) for f in (True, False)}
         self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
         self.caches = self._new_caches()
@@ -116,7 +119,7 @@ class ModelRunner:
         state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
         logged (`log`, default the jaxspec logger)."""
         tokens = size * (self.k + 1) if step is decode_step else size
-        fn = program(step, tokens)
+        fn = program(step, tokens, spec)
         key = (step.__name__, size, spec.all_greedy, spec.filtered)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0

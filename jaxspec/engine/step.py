@@ -16,8 +16,8 @@ Host plan layouts (few, large arrays: each jit argument leaf costs host time per
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -32,9 +32,13 @@ from jaxspec.parallel import StepShardings
 
 
 @jax.tree_util.register_static
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StepSpec:
-    """Everything static about a step: model shapes, k, limits and the batch's sampling mode."""
+    """Everything static about a step: model shapes, k, limits and the batch's sampling mode.
+
+    Compared by identity (`canonical` makes equal specs one object): jit compares static arguments on every call,
+    and identity is decided in C, where a signal cannot land. A Python __eq__ interrupted there (Ctrl-C during a
+    dispatch) comes out of jit as a ValueError that has lost the interrupt."""
     target: llama.Config
     draft: eagle.EagleConfig | None
     num_speculative_tokens: int
@@ -48,9 +52,16 @@ class StepSpec:
     # Tensor parallelism: the shardings the donated outputs are pinned to (None: one device).
     shardings: StepShardings | None = None
 
+    def canonical(self) -> "StepSpec":
+        """The one StepSpec object with these fields."""
+        return _CANONICAL.setdefault(tuple(getattr(self, f.name) for f in dataclasses.fields(self)), self)
+
     @property
     def aux_layers(self) -> tuple[int, ...]:
         return self.draft.aux_layers if self.draft is not None and self.draft.method == "eagle3" else ()
+
+
+_CANONICAL: dict[tuple, StepSpec] = {}
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["target", "draft"], meta_fields=[])
@@ -216,15 +227,6 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
-# The GEMM backend, chosen per program by the tokens a step runs through the model. XLA's default fuses GEMMs into
-# Triton kernels it writes itself; with the flag off it calls cuBLAS. On the H200 (bench/step_time.py, Llama-3-8B
-# shapes, steps dispatched back to back) XLA's Triton GEMMs were faster when a step's matrices have few rows
-# (4.41 against 4.61 ms at 1 token per step, 5.63 against 5.80 at 32; even at 16) and cuBLAS far faster with many
-# (12.5 against 17.8 ms for the fused EAGLE step at 96 rows x 3 tokens = 288). At 72 tokens the two were within
-# 2 % (7.09 ms with cuBLAS, 6.96 without); the threshold between is a choice, not a measurement.
-CUBLAS_MIN_TOKENS = int(os.environ.get("JAXSPEC_CUBLAS_MIN_TOKENS", 64))
-
-
 @functools.cache
 def compiled(step: Callable, cublas: bool) -> Callable:
     """`step` (decode_step or prefill_step) jitted, caches and slot state donated, with or without cuBLAS GEMMs."""
@@ -232,6 +234,7 @@ def compiled(step: Callable, cublas: bool) -> Callable:
                    compiler_options={"xla_gpu_enable_triton_gemm": False} if cublas else None)
 
 
-def program(step: Callable, tokens: int) -> Callable:
-    """The jitted `step` for a batch that runs `tokens` tokens through the model (rows x (k + 1) to decode)."""
-    return compiled(step, tokens >= CUBLAS_MIN_TOKENS)
+def program(step: Callable, tokens: int, spec: StepSpec) -> Callable:
+    """The jitted `step` for a batch that runs `tokens` tokens through the model (rows x (k + 1) to decode): with
+    cuBLAS GEMMs from the spec's KernelConfig.cublas_min_tokens tokens up (see there)."""
+    return compiled(step, tokens >= spec.target.kernel.cublas_min_tokens)

@@ -14,7 +14,6 @@ pool. KV heads first also makes sharding by KV heads a split of axis 0.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.models import paged_kernel
+from jaxspec.models.kernel_config import KernelConfig
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["k", "v"], meta_fields=[])
@@ -120,7 +120,8 @@ def paged_attention_xla(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch
 
 
 def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, batch: AttnBatch,
-                           q_pos: jax.Array, interpret: bool = False, tp: int = 1) -> jax.Array:
+                           q_pos: jax.Array, interpret: bool = False, tp: int = 1,
+                           kernel: KernelConfig = KernelConfig()) -> jax.Array:
     """GPU kernel (paged_kernel): each sequence's T queries in one program per KV head, reading its context once.
     A ragged batch (several sequences per row: prefill) runs as B*T one-query rows with their own tables.
 
@@ -135,12 +136,12 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     else:  # ragged: every token is a one-query row with its own table
         tables = batch.token_block_tables(B, T)
         q, q_pos = q.reshape(B * T, 1, H, D), q_pos.reshape(B * T, 1)
-    run = partial(_pallas, interpret=interpret)
+    run = partial(_pallas, interpret=interpret, kernel=kernel)
     if tp > 1:
         from jax.sharding import AbstractMesh, AxisType
         from jax.sharding import PartitionSpec as P
 
-        from jaxspec.parallel import TP_AXIS
+        from jaxspec.models.arrays import TP_AXIS
         mesh = AbstractMesh((tp,), (TP_AXIS,), axis_types=(AxisType.Auto,))
         heads = P(None, None, TP_AXIS)
         run = jax.shard_map(run, mesh=mesh, in_specs=(heads, P(TP_AXIS), P(TP_AXIS), P(), P()), out_specs=heads,
@@ -148,25 +149,17 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
     return run(q, k_pages, v_pages, tables + offset, q_pos).reshape(B, T, H, D)
 
 
-# Programs to aim for. The H200 keeps 3 of the kernel's programs per SM resident (ncu: 74 KB of shared memory
-# each), 396 in all; fewer, longer programs also write and merge fewer partial results. Measured there
-# (bench/step_time.py, steps back to back): 512 against 2048 gave Llama-3-8B plain decoding 5.34 against 5.65 ms
-# at batch 32, 4.88 against 5.00 at 16, 4.67 against 4.68 at 8 (1 to 4: the same splits); SmolLM2 with k = 3 at
-# batch 96, 2.18 against 2.81 ms; the Llama-3-8B EAGLE sweep 2 to 4 % more tokens/s.
-PALLAS_PROGRAMS = int(os.environ.get("JAXSPEC_ATTN_PROGRAMS", 512))
-
-
-def pallas_splits(rows: int, kv_heads: int, table_blocks: int, programs: int | None = None) -> int:
+def pallas_splits(rows: int, kv_heads: int, table_blocks: int, programs: int) -> int:
     """How many partitions of the block table the kernel runs as separate programs (then merges). Splits keep
     the GPU busy when few rows have long contexts, but every split costs a program and a merge even past a
-    row's length: use the fewest that give about `programs` (default PALLAS_PROGRAMS) programs. A power of two
-    dividing table_blocks, at most 16."""
-    want = max(1, min(16, table_blocks, (programs or PALLAS_PROGRAMS) // (rows * kv_heads)))
+    row's length: use the fewest that give about `programs` (KernelConfig.attn_programs) programs. A power of
+    two dividing table_blocks, at most 16."""
+    want = max(1, min(16, table_blocks, programs // (rows * kv_heads)))
     return 1 << (want.bit_length() - 1)
 
 
 def _pallas(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
-            interpret: bool) -> jax.Array:
+            interpret: bool, kernel: KernelConfig) -> jax.Array:
     """q [B, T, H, D]; k_pages, v_pages [KVH, all pages, page_size, D]; block_tables [B, pages]."""
     B, _, _, D = q.shape
     pages = block_tables.shape[1]
@@ -174,15 +167,17 @@ def _pallas(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: 
     # so pad the table (padding pages lie past every length and are never read)
     padded = 1 << (pages - 1).bit_length()
     block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
-    per_block = min(max(1, paged_kernel.BLOCK_TOKENS // k_pages.shape[2]), padded)
-    splits = pallas_splits(B, k_pages.shape[0], padded // per_block)
+    per_block = min(max(1, kernel.attn_block_tokens // k_pages.shape[2]), padded)
+    splits = pallas_splits(B, k_pages.shape[0], padded // per_block, kernel.attn_programs)
     q = q / jnp.sqrt(D).astype(q.dtype)
     return paged_kernel.paged_attention(q, k_pages, v_pages, block_tables, q_pos, pages_per_block=per_block,
-                                        splits=splits, interpret=interpret)
+                                        splits=splits, interpret=interpret, num_warps=kernel.attn_num_warps,
+                                        num_stages=kernel.attn_num_stages)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KVCache | None,
-              layer: jax.Array | int, batch: AttnBatch | None, impl: str, tp: int = 1) -> jax.Array:
+              layer: jax.Array | int, batch: AttnBatch | None, impl: str, tp: int = 1,
+              kernel: KernelConfig = KernelConfig()) -> jax.Array:
     """Attention for queries q [B, T, H, D] at positions q_pos [B, T].
 
     Without a cache, dense causal attention over this chunk's own k, v. With one, over the cached sequence
@@ -192,7 +187,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KV
     if kv is None:
         return dense_attention(q, k, v, q_pos, q_pos)
     if impl in ("pallas", "pallas-interpret"):  # the interpreter runs the kernel on CPU, for tests
-        return paged_attention_pallas(q, kv, layer, batch, q_pos, interpret=impl == "pallas-interpret", tp=tp)
+        return paged_attention_pallas(q, kv, layer, batch, q_pos, interpret=impl == "pallas-interpret", tp=tp,
+                                      kernel=kernel)
     if impl == "xla":
         return paged_attention_xla(q, kv, layer, batch, q_pos)
     raise ValueError(f"unknown attention implementation {impl!r} (expected 'xla', 'pallas' or 'pallas-interpret')")

@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.models import llama
+from jaxspec.models.arrays import EMBED, FFW, GATE_UP, HEADS, QKV, VOCAB, ArrayInfo, init_tree
 from jaxspec.models.attention import AttnBatch, KVCache
+from jaxspec.models.kernel_config import KernelConfig
 
 METHODS = ("eagle", "eagle3")
 
@@ -59,6 +61,7 @@ class EagleConfig:
     max_position_embeddings: int = 2048
     dtype: str = "float32"
     attn_impl: str = "xla"  # copied from the target's config by the caller
+    kernel: KernelConfig = KernelConfig()  # likewise
     tp_size: int = 1  # tensor parallelism, as llama.Config.tp_size (1: the head is replicated on every device)
 
     def __post_init__(self) -> None:
@@ -101,7 +104,7 @@ class EagleConfig:
             num_layers=1, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
             max_position_embeddings=self.max_position_embeddings, dtype=self.dtype, attn_impl=self.attn_impl,
-            tp_size=self.tp_size)
+            tp_size=self.tp_size, kernel=self.kernel)
 
     @classmethod
     def from_target(cls, target: llama.Config, method: str, draft_vocab_size: int | None = None,
@@ -140,34 +143,30 @@ class EagleWeights:
 
 
 def abstract(cfg: EagleConfig) -> EagleWeights:
-    """Shapes and dtypes of every weight: what the converter checks against and `init` fills."""
+    """Every weight's shape, dtype, logical axes and initializer (jaxspec.models.arrays): what the converter
+    checks against, `init` fills and tensor parallelism splits."""
     H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
     lcfg = cfg.layer_config()
     q_size, kv_size = lcfg.q_size, lcfg.num_cached_kv_heads * cfg.head_dim
-    s = lambda *shape: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype)  # noqa: E731
+    a = lambda shape, axes, init="normal": ArrayInfo(shape, cfg.jnp_dtype, axes, init)  # noqa: E731
     e3 = cfg.method == "eagle3"
     return EagleWeights(
-        fc=s(cfg.fc_in, H), fc_bias=s(H) if cfg.fc_bias else None, embed=s(V, H) if cfg.own_embed else None,
-        input_norm=s(H) if e3 else None, hidden_norm=s(H) if e3 else None,
-        wqkv=s(cfg.attn_in, q_size + 2 * kv_size), wo=s(q_size, H), mlp_norm=s(H),
-        w_gate_up=s(H, 2 * I), w_down=s(I, H),
-        final_norm=s(H) if e3 else None, lm_head=s(H, Vd) if e3 else None,
-        d2t=jax.ShapeDtypeStruct((Vd,), jnp.int32) if e3 else None,
+        fc=a((cfg.fc_in, H), (None, EMBED)), fc_bias=a((H,), (EMBED,)) if cfg.fc_bias else None,
+        embed=a((V, H), (None, EMBED)) if cfg.own_embed else None,
+        input_norm=a((H,), (EMBED,), "ones") if e3 else None, hidden_norm=a((H,), (EMBED,), "ones") if e3 else None,
+        wqkv=a((cfg.attn_in, q_size + 2 * kv_size), (None, QKV)), wo=a((q_size, H), (HEADS, EMBED)),
+        mlp_norm=a((H,), (EMBED,), "ones"), w_gate_up=a((H, 2 * I), (EMBED, GATE_UP)), w_down=a((I, H), (FFW, EMBED)),
+        final_norm=a((H,), (EMBED,), "ones") if e3 else None, lm_head=a((H, Vd), (EMBED, VOCAB)) if e3 else None,
+        d2t=ArrayInfo((Vd,), jnp.int32, (None,), "zeros") if e3 else None,
     )
 
 
 def init(cfg: EagleConfig, key: jax.Array, scale: float = 0.02) -> EagleWeights:
     """Random head (tests, benchmarks, training start); norms at one, d2t a random sorted subset of the vocab."""
-    shapes = abstract(cfg)
-    leaves, treedef = jax.tree.flatten(shapes)
-    keys = jax.random.split(key, len(leaves) + 1)
-    arrays = [(scale * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype) for k, x in zip(keys, leaves)]
-    w = jax.tree.unflatten(treedef, arrays)
-    w.mlp_norm = jnp.ones_like(w.mlp_norm)
+    key, vocab_key = jax.random.split(key)
+    w = init_tree(abstract(cfg), key, scale)
     if cfg.method == "eagle3":
-        w.input_norm, w.hidden_norm, w.final_norm = (
-            jnp.ones_like(w.input_norm), jnp.ones_like(w.hidden_norm), jnp.ones_like(w.final_norm))
-        hot = jnp.sort(jax.random.choice(keys[-1], cfg.vocab_size, (cfg.draft_vocab_size,), replace=False))
+        hot = jnp.sort(jax.random.choice(vocab_key, cfg.vocab_size, (cfg.draft_vocab_size,), replace=False))
         w.d2t = (hot - jnp.arange(cfg.draft_vocab_size)).astype(jnp.int32)
     return w
 

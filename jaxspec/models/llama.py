@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.models.arrays import EMBED, FFW, GATE_UP, HEADS, LAYERS, QKV, VOCAB, ArrayInfo, init_tree
 from jaxspec.models.attention import AttnBatch, KVCache, attention, write_kv
+from jaxspec.models.kernel_config import KernelConfig
 
 
 @jax.tree_util.register_static
@@ -41,6 +43,7 @@ class Config:
     # Tensor parallelism over this many devices (jaxspec.parallel). > 1 switches wqkv and w_gate_up to the
     # shard-major column layout that `parallel.to_tp_layout` makes; checkpoints always keep tp_size = 1's layout.
     tp_size: int = 1
+    kernel: KernelConfig = KernelConfig()  # launch parameters (a run's setting, not saved with checkpoints)
 
     @property
     def q_size(self) -> int:
@@ -149,31 +152,27 @@ class Weights:
 
 
 def abstract(cfg: Config) -> Weights:
-    """Shapes and dtypes of every weight: what the converter checks against and `init` fills."""
+    """Every weight's shape, dtype, logical axes and initializer (jaxspec.models.arrays): what the converter
+    checks against, `init` fills and tensor parallelism splits."""
     L, H, I, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    s = lambda *shape: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype)  # noqa: E731
+    a = lambda shape, axes, init="normal": ArrayInfo(shape, cfg.jnp_dtype, axes, init)  # noqa: E731
     return Weights(
-        embed=s(V, H),
-        layers=Layers(attn_norm=s(L, H), wqkv=s(L, H, cfg.q_size + 2 * cfg.num_cached_kv_heads * cfg.head_dim),
-                      wo=s(L, cfg.q_size, H),
-                      mlp_norm=s(L, H), w_gate_up=s(L, H, 2 * I), w_down=s(L, I, H)),
-        final_norm=s(H),
-        lm_head=None if cfg.tie_word_embeddings else s(H, V),
+        embed=a((V, H), (VOCAB if cfg.tie_word_embeddings else None, EMBED)),  # tied: it is the LM head
+        layers=Layers(attn_norm=a((L, H), (LAYERS, EMBED), "ones"),
+                      wqkv=a((L, H, cfg.q_size + 2 * cfg.num_cached_kv_heads * cfg.head_dim), (LAYERS, EMBED, QKV)),
+                      wo=a((L, cfg.q_size, H), (LAYERS, HEADS, EMBED)),
+                      mlp_norm=a((L, H), (LAYERS, EMBED), "ones"),
+                      w_gate_up=a((L, H, 2 * I), (LAYERS, EMBED, GATE_UP)),
+                      w_down=a((L, I, H), (LAYERS, FFW, EMBED))),
+        final_norm=a((H,), (EMBED,), "ones"),
+        lm_head=None if cfg.tie_word_embeddings else a((H, V), (EMBED, VOCAB)),
     )
 
 
 @partial(jax.jit, static_argnames=("scale",))  # one program instead of one per weight shape
 def init(cfg: Config, key: jax.Array, scale: float = 0.02) -> Weights:
     """Random weights of the right shapes (tests and `--load-format dummy` benchmarks); norms start at one."""
-    shapes = abstract(cfg)
-    leaves, treedef = jax.tree.flatten(shapes)
-    keys = jax.random.split(key, len(leaves))
-    arrays = [(scale * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype) for k, x in zip(keys, leaves)]
-    w = jax.tree.unflatten(treedef, arrays)
-    ones = lambda x: jnp.ones_like(x)  # noqa: E731
-    w.layers.attn_norm, w.layers.mlp_norm, w.final_norm = (
-        ones(w.layers.attn_norm), ones(w.layers.mlp_norm), ones(w.final_norm))
-    return w
+    return init_tree(abstract(cfg), key, scale)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -239,7 +238,7 @@ def attention_block(x: jax.Array, wqkv: jax.Array, wo: jax.Array, positions: jax
     q, k, v = qkv_projection(x, wqkv, positions, cfg, inv_freq)
     if kv is not None:
         kv = write_kv(kv, layer, k, v, batch.slot_mapping)
-    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl, cfg.tp_size)  # [B, T, heads, head_dim]
+    out = attention(q, k, v, positions, kv, layer, batch, cfg.attn_impl, cfg.tp_size, cfg.kernel)  # [B, T, H, D]
     return out.reshape(B, T, cfg.q_size) @ wo, kv
 
 

@@ -17,7 +17,6 @@ throughput, against 79 us at 4.0 TB/s this way.
 
 from __future__ import annotations
 
-import os
 from functools import partial
 
 import jax
@@ -25,10 +24,6 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 MASK = -0.7 * float(jnp.finfo(jnp.float32).max)
-# Launch parameters, measured on the H200 with bench/attn_kernel.py (which also tunes them for another GPU)
-BLOCK_TOKENS = int(os.environ.get("JAXSPEC_ATTN_BLOCK_TOKENS", 128))  # keys per loop iteration
-NUM_WARPS = int(os.environ.get("JAXSPEC_ATTN_NUM_WARPS", 4))
-NUM_STAGES = int(os.environ.get("JAXSPEC_ATTN_NUM_STAGES", 2))
 
 
 def _kernel(q_ref, k_ref, v_ref, tables_ref, row_len_ref, o_ref, l_ref, m_ref, *, pages_per_block: int,
@@ -74,7 +69,7 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, row_len_ref, o_ref, l_ref, m_ref, *
 @partial(jax.jit, static_argnames=("pages_per_block", "splits", "interpret", "num_warps", "num_stages"))
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array,
                     q_pos: jax.Array, *, pages_per_block: int, splits: int, interpret: bool = False,
-                    num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> jax.Array:
+                    num_warps: int = 4, num_stages: int = 2) -> jax.Array:
     """q [B, T, H, D], pre-scaled by 1/sqrt(D); k_pages, v_pages [KVH, pages, S, D]; block_tables [B, P] with P
     a power of two, P / splits a multiple of pages_per_block; q_pos [B, T]: query t of sequence b sees keys
     0 .. q_pos[b, t]. Returns [B, T, H, D]."""

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from jaxspec import compile_cache
 from jaxspec.models import eagle
 from jaxspec.train.data import TokenDataset, chat_token_ids, generate_dataset, read_prompts
 
@@ -42,7 +43,8 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
     llm = LLM(str(model_path), dtype=args.target_dtype, max_model_len=args.seq_len + 1,
               max_num_seqs=args.gen_batch, seed=args.seed, layer_loop="scan", max_num_batched_tokens=4096,
               max_prefill_seqs=32, prefill_buckets=[1024, 4096], warmup=False,
-              decode_buckets=buckets_up_to(args.gen_batch, smallest=max(1, args.gen_batch // 16)))
+              decode_buckets=buckets_up_to(args.gen_batch, smallest=max(1, args.gen_batch // 16)),
+              compilation_cache_dir=args.compilation_cache_dir)
     if llm.tokenizer is None:
         raise ValueError(f"{model_path}: no tokenizer, so prompts cannot be formatted with a chat template")
     prompts = read_prompts(args.data, args.num_prompts)
@@ -63,14 +65,15 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
 
 def train_from_args(args: argparse.Namespace) -> Path:
     from jaxspec.convert.checkpoint import load_model
-    from jaxspec.loader import resolve
+    from jaxspec.resolve import resolve_model
     from jaxspec.train.trainer import export_head, train_eagle, training_info
 
+    compile_cache.configure(args.compilation_cache_dir)  # the training step is cached too
     if args.data_only and not args.dataset_cache:
         raise ValueError("--data-only needs --dataset-cache (where to write the data)")
     if not args.data_only and not args.out:
         raise ValueError("--out is required (the directory for the exported head)")
-    model_path = resolve(args.model)
+    model_path = resolve_model(args.model).weights
     data = build_dataset(args, model_path)
     if args.data_only:
         return Path(args.dataset_cache)

@@ -1,0 +1,54 @@
+"""Kernel and GEMM settings: static, part of every jit key through the model config, so a changed setting always
+compiles anew. Environment variables may set the defaults; they are read when `from_env` is called (when an LLM is
+built), never at import."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import jax
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class KernelConfig:
+    # Paged-attention launch parameters, measured on the H200 with bench/attn_kernel.py (which tunes them for
+    # another GPU): keys per loop iteration, warps, pipeline stages.
+    attn_block_tokens: int = 128
+    attn_num_warps: int = 4
+    attn_num_stages: int = 2
+    # Programs to aim for. The H200 keeps 3 of the kernel's programs per SM resident (ncu: 74 KB of shared memory
+    # each), 396 in all; fewer, longer programs also write and merge fewer partial results. Measured there
+    # (bench/step_time.py, steps back to back): 512 against 2048 gave Llama-3-8B plain decoding 5.34 against
+    # 5.65 ms at batch 32, 4.88 against 5.00 at 16, 4.67 against 4.68 at 8 (1 to 4: the same splits); SmolLM2 with
+    # k = 3 at batch 96, 2.18 against 2.81 ms; the Llama-3-8B EAGLE sweep 2 to 4 % more tokens/s.
+    attn_programs: int = 512
+    # The GEMM backend, chosen per program by the tokens a step runs through the model. XLA's default fuses GEMMs
+    # into Triton kernels it writes itself; with the flag off it calls cuBLAS. On the H200 (bench/step_time.py,
+    # Llama-3-8B shapes, steps back to back) XLA's Triton GEMMs were faster when a step's matrices have few rows
+    # (4.41 against 4.61 ms at 1 token per step, 5.63 against 5.80 at 32; even at 16) and cuBLAS far faster with
+    # many (12.5 against 17.8 ms for the fused EAGLE step at 96 rows x 3 tokens = 288). At 72 tokens the two were
+    # within 2 % (7.09 ms with cuBLAS, 6.96 without); the threshold between is a choice, not a measurement.
+    cublas_min_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"KernelConfig.{f.name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "KernelConfig":
+        """The defaults, each overridden by JAXSPEC_<FIELD> (JAXSPEC_ATTN_PROGRAMS, JAXSPEC_CUBLAS_MIN_TOKENS...)."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            name = f"JAXSPEC_{f.name.upper()}"
+            if name in environ:
+                try:
+                    values[f.name] = int(environ[name])
+                except ValueError:
+                    raise ValueError(f"{name}={environ[name]!r} is not an integer") from None
+        return cls(**values)

@@ -1,0 +1,79 @@
+"""One answer, for every entry point, to "where is this model?": `LLM`, `load_model`, `jaxspec generate`,
+`train-eagle` and the benchmarks all accept the same four things:
+    a preset name                  "smollm2-135m-instruct" (fetched and converted on first use)
+    a preset's weights directory   weights/smollm2-135m-instruct/ (holding ckpt/ and hf/)
+    a jaxspec checkpoint           .../ckpt/ (jaxspec_config.json); its tokenizer is found in a sibling hf/
+    a Hugging Face directory       config.json + safetensors or pytorch_model.bin (+ the tokenizer)
+and get where the weights, the HF config, the tokenizer and (for a preset) the default EAGLE head are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxspec import presets
+from jaxspec.convert.checkpoint import CONFIG_FILE as CKPT_CONFIG
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    weights: Path  # what load_model reads: a jaxspec checkpoint or an HF directory
+    hf_dir: Path | None  # the HF directory (config.json): transformers' peer in the benchmark
+    tokenizer: Path | None  # the directory holding the tokenizer, None when there is none (token ids only)
+    preset: str | None  # the preset these weights are, if any
+
+    @property
+    def head(self) -> dict | None:
+        """The preset's default speculative_config (its shipped EAGLE head), None without one."""
+        return presets.load_preset(self.preset).eagle if self.preset else None
+
+
+def beside(path: Path) -> tuple[Path, ...]:
+    """Where a model's HF files may be: the directory itself, its hf/ (a preset's weights directory), a
+    checkpoint's sibling hf/ (ckpt/ of a preset), and `jaxspec convert`'s DST-hf for a converted GGUF."""
+    return path, path / "hf", path.parent / "hf", path.with_name(path.name + "-hf")
+
+
+def find_beside(path: Path, *names: str) -> Path | None:
+    """The first directory of `beside(path)` that holds one of these files."""
+    return next((d for d in beside(path) if any((d / n).is_file() for n in names)), None)
+
+
+def weights_of(path: Path) -> Path:
+    """The checkpoint or HF directory inside `path`: ckpt/ first (the fast reload), then the path itself, then hf/."""
+    for d, marker in ((path / "ckpt", CKPT_CONFIG), (path, CKPT_CONFIG), (path, "config.json"),
+                      (path / "hf", "config.json")):
+        if (d / marker).is_file():
+            return d
+    raise ValueError(f"{path}: neither a jaxspec checkpoint ({CKPT_CONFIG}), a Hugging Face directory "
+                     f"(config.json), nor a preset's weights directory (ckpt/ or hf/ inside)")
+
+
+def resolve_model(model: str | Path, weights_dir: str | Path | None = None) -> ModelFiles:
+    """A directory as it is; otherwise a preset, fetched (into `weights_dir`, default `paths.weights_dir()`) if it
+    is not yet. ValueError names the model when it is neither."""
+    path = Path(model).expanduser()
+    preset = None
+    if not path.exists():
+        if str(model) not in presets.list_presets():
+            raise ValueError(f"model {str(model)!r} is neither a directory nor a known preset "
+                             f"({presets.list_presets()})")
+        preset = str(model)
+        path = presets.fetch_preset(preset, weights_dir)
+    weights = weights_of(path)
+    return ModelFiles(weights=weights, hf_dir=find_beside(weights, "config.json"),
+                      tokenizer=find_beside(weights, *TOKENIZER_FILES), preset=preset or presets.preset_of(weights))
+
+
+def resolve_head(model: str | Path) -> Path:
+    """An EAGLE head: a directory, or the name of a shipped head (weights/README.md)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    shipped = presets.shipped_head(str(model))
+    if shipped is None:
+        raise ValueError(f"speculative_config.model {str(model)!r} is neither a directory nor a shipped head "
+                         f"({presets.list_shipped_heads()})")
+    return shipped
