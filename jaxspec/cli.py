@@ -64,14 +64,27 @@ def _bench_throughput(args: argparse.Namespace) -> None:
     run(args)
 
 
-def add_bench(sub: argparse._SubParsersAction) -> None:
-    from jaxspec.bench.throughput import add_arguments
+def _bench_serve(args: argparse.Namespace) -> None:
+    from jaxspec.bench.serve import run
 
-    p = sub.add_parser("bench", help="benchmarks (throughput: as `vllm bench throughput`)")
+    try:
+        run(args)
+    except RuntimeError as exc:  # a server that cannot serve: one line, as for bad input (main)
+        raise ValueError(str(exc)) from None
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    from jaxspec.bench import serve, throughput
+
+    p = sub.add_parser("bench", help="benchmarks (throughput, serve: as `vllm bench throughput`, `vllm bench serve`)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
     t = bench_sub.add_parser("throughput", help="offline throughput; --sweep: async x sync x EAGLE x prompt counts")
-    add_arguments(t)
+    throughput.add_arguments(t)
     t.set_defaults(func=_bench_throughput, command="bench throughput")
+    s = bench_sub.add_parser("serve", help="online serving latency (TTFT, TPOT, ITL) against an OpenAI-compatible "
+                                           "server, Poisson arrivals")
+    serve.add_arguments(s)
+    s.set_defaults(func=_bench_serve, command="bench serve")
 
 
 def _train_eagle(args: argparse.Namespace) -> None:
@@ -141,6 +154,14 @@ def add_make_prompts(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=magpie.run)
 
 
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    from jaxspec.serve import cli
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (as `vllm serve`)")
+    cli.add_arguments(p)
+    p.set_defaults(func=cli.run)
+
+
 def add_generate(sub: argparse._SubParsersAction) -> None:
     from jaxspec import generate
 
@@ -157,6 +178,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "train-eagle": add_train_eagle,
     "make-prompts": add_make_prompts,
     "bench": add_bench,
+    "serve": add_serve,
 }
 
 

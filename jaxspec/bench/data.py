@@ -80,11 +80,9 @@ def _messages(row: dict) -> list[dict] | None:
     return None
 
 
-def dataset_prompts(path: str | Path, n: int, tokenizer: Any) -> list[list[int]]:
-    """The first n conversations of a JSONL file (cycled when it has fewer), chat-formatted and tokenized. Taking
-    the first n keeps every smaller prompt count a prefix of the larger ones."""
-    if tokenizer is None:
-        raise ValueError(f"--dataset {path}: text prompts need a tokenizer (pass --tokenizer)")
+def read_conversations(path: str | Path, n: int) -> list[list[dict]]:
+    """The first n conversations of a JSONL file, cycled when it has fewer. Taking the first n keeps every smaller
+    prompt count a prefix of the larger ones."""
     convs = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
@@ -94,4 +92,11 @@ def dataset_prompts(path: str | Path, n: int, tokenizer: Any) -> list[list[int]]
                 break
     if not convs:
         raise ValueError(f"--dataset {path}: no rows with messages, turns, prompt or question")
-    return [encode_chat(tokenizer, convs[i % len(convs)]) for i in range(n)]
+    return [convs[i % len(convs)] for i in range(n)]
+
+
+def dataset_prompts(path: str | Path, n: int, tokenizer: Any) -> list[list[int]]:
+    """The first n conversations of a JSONL file (read_conversations), chat-formatted and tokenized."""
+    if tokenizer is None:
+        raise ValueError(f"--dataset {path}: text prompts need a tokenizer (pass --tokenizer)")
+    return [encode_chat(tokenizer, conv) for conv in read_conversations(path, n)]

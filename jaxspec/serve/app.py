@@ -1,0 +1,189 @@
+"""The FastAPI app: OpenAI's /v1 routes, /health, /metrics, errors as OpenAI's JSON, and the API key.
+
+`build_app(llm, ...)` serves an LLM that is already built (the CLI builds one from flags; tests pass a tiny one).
+The engine thread starts with the app (its lifespan) and is stopped with it; everything else runs on the event
+loop. A client that disconnects, streaming or not, aborts its requests, and the engine frees their pages.
+
+As in vLLM, `api_key` guards every route under /v1 (`Authorization: Bearer <key>`); /health and /metrics stay
+open, for load balancers and scrapers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from jaxspec.serve import protocol as api
+from jaxspec.serve.engine_loop import EngineDeadError, EngineLoop, RequestStream
+from jaxspec.serve.metrics import ServerMetrics
+from jaxspec.serve.serving import APIError, ChatFormat, CompletionFormat, bad_value, chat_inputs, completion_inputs
+
+logger = logging.getLogger("jaxspec.serve")
+
+
+class APIKeyMiddleware:
+    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): /v1 needs the key."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                error = APIError("Unauthorized: this server needs 'Authorization: Bearer <api key>'", 401)
+                return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A malformed body as one readable message, and the first field it names."""
+    parts, param = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        param = param or (loc[0] if loc else None)
+        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
+    return "; ".join(parts) or "malformed request body", param
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is already read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(llm, served_model_name: str | list[str] | None = None, api_key: str | None = None,
+              model_path: str | None = None) -> FastAPI:
+    """An app that serves `llm` under `served_model_name` (the first name is the one responses report)."""
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
+    names = names or [model_path or "jaxspec"]
+    tokenizer = llm.get_tokenizer()
+    max_model_len = llm.engine_config.max_model_len
+    engine = EngineLoop(llm)
+    metrics = ServerMetrics(names[0], lambda: engine.metrics)
+    engine.on_outputs = metrics.observe
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        await asyncio.to_thread(engine.stop)
+
+    app = FastAPI(title="jaxspec", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return _error(APIError(message, 400, param))
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _error(exc)
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in names:
+            raise APIError(f"The model `{model}` does not exist.", 404, "model")
+
+    async def generate(request: Request, req: api.SamplingRequest, request_id: str, make_inputs: Callable,
+                       fmt_cls: type) -> Response:
+        arrival = time.perf_counter()
+        check_model(req.model)
+        extra = sorted(req.model_extra or {})
+        if extra:
+            logger.warning("request %s: ignored fields %s", request_id, extra)
+        inputs = make_inputs(req, request_id, tokenizer)
+        try:
+            stream = await engine.submit(inputs.requests, arrival)
+        except ValueError as e:
+            raise bad_value(e) from None
+        except EngineDeadError as e:
+            raise APIError(str(e), 500) from None
+        fmt = fmt_cls(request_id, names[0], req, inputs, tokenizer)
+        if req.stream:
+            return StreamingResponse(_sse(stream, fmt), media_type="text/event-stream")
+        return await _complete(request, stream, fmt)
+
+    @app.post("/v1/completions")
+    async def completions(req: api.CompletionRequest, request: Request) -> Response:
+        return await generate(request, req, f"cmpl-{uuid.uuid4().hex}", completion_inputs, CompletionFormat)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: api.ChatCompletionRequest, request: Request) -> Response:
+        return await generate(request, req, f"chatcmpl-{uuid.uuid4().hex}", chat_inputs, ChatFormat)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        cards = [api.ModelCard(id=name, root=model_path or names[0], max_model_len=max_model_len) for name in names]
+        return api.ModelList(data=cards).model_dump()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_healthy:
+            return Response(status_code=200)
+        return _error(APIError(f"the engine has stopped: {engine.error!r}", 503))
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _sse(stream: RequestStream, fmt) -> AsyncIterator[str]:
+    """Server-sent events: every chunk available at a wake-up in one write, then usage (if asked) and [DONE].
+    Cancelled when the client disconnects; `finally` then aborts what is unfinished."""
+    try:
+        async for batch in stream.batches():
+            events = fmt.chunks(batch)
+            if events:
+                yield "".join(f"data: {e}\n\n" for e in events)
+        usage = fmt.usage_chunk()
+        yield (f"data: {usage}\n\n" if usage else "") + "data: [DONE]\n\n"
+    except EngineDeadError as e:
+        yield f"data: {json.dumps(APIError(str(e), 500).body())}\n\n" + "data: [DONE]\n\n"
+    finally:
+        stream.close()
+
+
+async def _complete(request: Request, stream: RequestStream, fmt) -> Response:
+    """A non-streaming response, or nothing if the client leaves first (then its requests are aborted)."""
+
+    async def collect() -> dict:
+        async for batch in stream.batches():
+            fmt.add(batch)
+        return fmt.response()
+
+    work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+        stream.close()
+    if not work.done() or work.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    try:
+        return JSONResponse(work.result())
+    except EngineDeadError as e:
+        return _error(APIError(str(e), 500))

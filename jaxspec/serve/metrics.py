@@ -1,0 +1,121 @@
+"""Prometheus metrics under vLLM's names (label `model_name`), so vLLM's dashboards and scrapers work unchanged.
+
+Request latencies are observed on the event loop from the engine thread's step timestamps: TTFT from arrival
+to the first token, inter-token latency per output chunk (a speculative step may bring several tokens), TPOT per
+request (excluding the first token), end to end at the finish. The engine's own counters and pool state are read
+from the snapshot the engine thread takes (`EngineLoop.metrics`), never from the engine itself. Names vLLM does
+not have get a `jaxspec:` prefix (the KV pool in pages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from jaxspec.serve.engine_loop import RequestTiming
+
+# vLLM's buckets, with finer ones below 10 ms for the inter-token latency (small models step in 1-3 ms)
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0]
+TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
+
+
+class EngineCollector:
+    """The engine's gauges and counters, from the latest snapshot of `LLM.get_metrics()`."""
+
+    def __init__(self, model_name: str, snapshot: Callable[[], dict]):
+        self.model_name = model_name
+        self.snapshot = snapshot
+
+    def _family(self, cls, name: str, doc: str, value: float):
+        family = cls(name, doc, labels=["model_name"])
+        family.add_metric([self.model_name], value)
+        return family
+
+    def collect(self):
+        m = self.snapshot()
+        gauge = lambda name, doc, value: self._family(GaugeMetricFamily, name, doc, value)  # noqa: E731
+        counter = lambda name, doc, value: self._family(CounterMetricFamily, name, doc, value)  # noqa: E731
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                    m["num_requests_running"])
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    m["num_requests_waiting"])
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    1 - m["num_free_pages"] / m["num_pages"])
+        yield gauge("jaxspec:num_free_kv_pages", "KV-cache pages free in the pool.", m["num_free_pages"])
+        yield gauge("jaxspec:num_kv_pages", "KV-cache pages in the pool.", m["num_pages"])
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                      m["num_preemptions"])
+        if not m["accepted_per_position"]:  # no speculative decoding: vLLM has no spec_decode metrics then
+            return
+        yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", m["num_drafts"])
+        yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", m["num_draft_tokens"])
+        yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", m["num_accepted_tokens"])
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=["model_name", "position"])
+        for position, accepted in enumerate(m["accepted_per_position"]):
+            per_pos.add_metric([self.model_name, str(position)], accepted)
+        yield per_pos
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, snapshot: Callable[[], dict]):
+        prometheus_client.disable_created_metrics()  # as vLLM: no `_created` sample beside every counter
+        self.registry = CollectorRegistry()
+
+        def metric(cls, name: str, doc: str, **kw):
+            return cls(name, doc, labelnames=["model_name"], registry=self.registry, **kw).labels(model_name)
+
+        self.ttft = metric(Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+                           "seconds.", buckets=TTFT_BUCKETS)
+        self.itl = metric(Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
+                          "seconds.", buckets=ITL_BUCKETS)
+        self.tpot = metric(Histogram, "vllm:request_time_per_output_token_seconds", "Histogram of time_per_"
+                           "output_token_seconds per request.", buckets=ITL_BUCKETS)
+        self.e2e = metric(Histogram, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+                          "seconds.", buckets=E2E_BUCKETS)
+        self.request_prompt_tokens = metric(Histogram, "vllm:request_prompt_tokens", "Number of prefill tokens "
+                                            "processed.", buckets=TOKEN_BUCKETS)
+        self.request_generation_tokens = metric(Histogram, "vllm:request_generation_tokens", "Number of "
+                                                "generation tokens processed.", buckets=TOKEN_BUCKETS)
+        self.prompt_tokens = metric(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = metric(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          labelnames=["model_name", "finished_reason"], registry=self.registry)
+        self.success = {reason: success.labels(model_name, reason) for reason in ("stop", "length", "abort")}
+        self.registry.register(EngineCollector(model_name, snapshot))
+
+    def observe(self, outputs: list, timings: list[RequestTiming], now: float) -> None:
+        """One step's outputs (DELTA: only the new tokens) with their requests' timings."""
+        for out, t in zip(outputs, timings):
+            new = sum(len(c.token_ids) for c in out.outputs)
+            if new:
+                if t.first_token is None:  # the prompt has been processed
+                    t.first_token = now
+                    self.ttft.observe(now - t.arrival)
+                    self.prompt_tokens.inc(len(out.prompt_token_ids))
+                    self.request_prompt_tokens.observe(len(out.prompt_token_ids))
+                else:
+                    self.itl.observe(now - t.last_token)
+                t.last_token = now
+                t.num_tokens += new
+                self.generation_tokens.inc(new)
+            if out.finished:
+                self._finish(out, t, now)
+
+    def _finish(self, out, t: RequestTiming, now: float) -> None:
+        reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "abort")
+        self.success[reason].inc()
+        if reason == "abort":
+            return
+        self.request_generation_tokens.observe(t.num_tokens)
+        self.e2e.observe(now - t.arrival)
+        if t.num_tokens > 1:
+            self.tpot.observe((t.last_token - t.first_token) / (t.num_tokens - 1))

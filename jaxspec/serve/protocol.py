@@ -1,0 +1,277 @@
+"""Request and response bodies of the OpenAI API, with vLLM's field names, defaults and extra sampling fields.
+
+Sampling fields are mapped to `SamplingParams` by name (`sampling_values`): a field the request sets to anything
+but its default is passed on when `SamplingParams` has a field of that name, and rejected with a 400 naming it
+when it has not, so a sampling option starts working here the day `SamplingParams` learns it. Fields of
+features this server does not implement at all (`UNSUPPORTED`: echo, tools, ...) are rejected the same way.
+Fields the API does not know are ignored with a warning, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")  # vLLM accepts (and logs) fields it does not know
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class SamplingRequest(OpenAIBaseModel):
+    """The fields both endpoints share: the model, streaming, and vLLM's sampling fields."""
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: int = 1
+    best_of: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = Field(default_factory=list)
+    stop_token_ids: list[int] | None = Field(default_factory=list)
+    ignore_eos: bool = False
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    use_beam_search: bool = False
+
+    # request fields that are SamplingParams fields of the same name
+    SAMPLING: ClassVar[tuple[str, ...]] = (
+        "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias",
+        "allowed_token_ids", "bad_words", "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens")
+    # features of the API that this server does not implement: any value but the default is refused
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("use_beam_search",)
+
+    def _non_default(self, name: str) -> Any:
+        """The field's value if it differs from its default, else None."""
+        value, info = getattr(self, name), type(self).model_fields[name]
+        default = info.get_default(call_default_factory=True)
+        return None if value is None or value == default else value
+
+    def sampling_values(self) -> dict[str, Any]:
+        """The sampling fields set to something other than their default, under SamplingParams' names."""
+        return {name: v for name in self.SAMPLING if (v := self._non_default(name)) is not None}
+
+    def unsupported_fields(self) -> list[str]:
+        return [name for name in self.UNSUPPORTED if self._non_default(name) is not None]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+
+    SAMPLING: ClassVar[tuple[str, ...]] = SamplingRequest.SAMPLING + ("logprobs",)
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + ("echo", "suffix")
+
+    def prompts(self) -> list[str | list[int]]:
+        """One text or token-id list per prompt (the API's batch forms are lists of either)."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+class TextPart(OpenAIBaseModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None  # deprecated by OpenAI for max_completion_tokens; None: up to max_model_len
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
+        "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls", "echo",
+        "continue_final_message")
+
+    def sampling_values(self) -> dict[str, Any]:
+        values = super().sampling_values()
+        if self.logprobs:  # vLLM: top_logprobs alternatives per token (0: only the sampled token's own)
+            values["logprobs"] = self.top_logprobs or 0
+        return values
+
+    def unsupported_fields(self) -> list[str]:
+        return super().unsupported_fields() + ([] if self.add_generation_prompt else ["add_generation_prompt"])
+
+    def conversation(self) -> list[dict]:
+        """The messages as the chat template takes them; text parts are joined, other parts are refused."""
+        out = []
+        for i, m in enumerate(self.messages):
+            content = m.content or ""
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    if part.type != "text" or part.text is None:
+                        raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported, got "
+                                         f"type {part.type!r}")
+                content = "".join(part.text for part in content)
+            out.append({"role": m.role, "content": content})
+        return out
+
+
+# ---- responses
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+
+
+def _created() -> int:
+    return int(time.time())
+
+
+class CompletionLogprobs(BaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_created)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_created)
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_created)
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_created)
+    owned_by: str = "jaxspec"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,241 @@
+"""OpenAI requests -> engine requests, and engine outputs -> OpenAI responses and stream chunks (vLLM's formats).
+
+Prompts are tokenized here, on the HTTP side, so the engine thread spends no time on them: a text prompt as the
+engine would (`tokenizer.encode`), a conversation through the model's chat template (`jaxspec.chat`). The engine
+streams DELTA outputs for every request (the latency metrics need each step's tokens); a non-streaming response
+is their concatenation. Choice indices follow vLLM: prompt_index * n + sample index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxspec.chat import render_chat
+from jaxspec.sampling_params import RequestOutputKind, SamplingParams
+from jaxspec.serve import protocol as api
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+               500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    """An error with its HTTP status, rendered as OpenAI's error JSON."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+
+    def body(self) -> dict:
+        info = api.ErrorInfo(message=self.message, type=ERROR_TYPES.get(self.status, "BadRequestError"),
+                             param=self.param, code=self.status)
+        return api.ErrorResponse(error=info).model_dump()
+
+
+def bad_value(error: ValueError) -> APIError:
+    """A 400 from a ValueError of the engine or SamplingParams, with the parameter it names as `param`."""
+    named = re.search(r"SamplingParams\.(\w+)", str(error))
+    return APIError(str(error), 400, named.group(1) if named else None)
+
+
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def sampling_params(req: api.SamplingRequest, max_tokens: int | None) -> SamplingParams:
+    """The request's SamplingParams; a 400 naming the first field this server cannot honour."""
+    for name in req.unsupported_fields():
+        raise APIError(f"{name!r} is not supported by this server", param=name)
+    values = req.sampling_values()
+    for name in values:
+        if name not in _SAMPLING_FIELDS:
+            raise APIError(f"{name!r} is not supported yet: jaxspec's SamplingParams has no {name!r} field",
+                           param=name)
+    try:
+        return SamplingParams(**values, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA)
+    except ValueError as e:
+        raise bad_value(e) from None
+
+
+@dataclass
+class EngineInputs:
+    """What one HTTP request hands the engine: (request_id, prompt, params) per prompt."""
+    requests: list[tuple[str, dict, SamplingParams]]
+    prompt_lens: list[int]
+
+
+def _inputs(request_id: str, prompt_ids: list[list[int]], params: SamplingParams) -> EngineInputs:
+    ids = [request_id] if len(prompt_ids) == 1 else [f"{request_id}-{i}" for i in range(len(prompt_ids))]
+    return EngineInputs([(rid, {"prompt_token_ids": p}, params) for rid, p in zip(ids, prompt_ids)],
+                        [len(p) for p in prompt_ids])
+
+
+def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any) -> EngineInputs:
+    params = sampling_params(req, req.max_tokens)
+    prompts = req.prompts()
+    if not prompts:
+        raise APIError("prompt must not be an empty list", param="prompt")
+    if any(isinstance(p, str) for p in prompts) and tokenizer is None:
+        raise APIError("text prompts need a tokenizer and this model has none: send token ids", param="prompt")
+    return _inputs(request_id, [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts], params)
+
+
+def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any) -> EngineInputs:
+    params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise APIError("this model has no chat template: use /v1/completions", param="messages")
+    if not req.messages:
+        raise APIError("messages must not be empty", param="messages")
+    try:
+        conversation = req.conversation()
+    except ValueError as e:
+        raise APIError(str(e), param="messages") from None
+    ids = tokenizer.encode(render_chat(tokenizer, conversation), add_special_tokens=False)
+    return _inputs(request_id, [ids], params)
+
+
+# ---- outputs
+
+@dataclass
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list = field(default_factory=list)  # vLLM's per-token {token_id: Logprob}, when asked for
+    token_ids: list[int] = field(default_factory=list)  # kept only with logprobs
+
+
+class _Format:
+    """One HTTP request's outputs as OpenAI JSON: stream chunks as they come (`chunks`), or one response at the
+    end (`add`, then `response`)."""
+
+    def __init__(self, request_id: str, model: str, req: api.SamplingRequest, inputs: EngineInputs, tokenizer):
+        self.request_id, self.model, self.req, self.tokenizer = request_id, model, req, tokenizer
+        self.prompt_index = {rid: i for i, (rid, _, _) in enumerate(inputs.requests)}
+        self.prompt_tokens = sum(inputs.prompt_lens)
+        self.created = int(time.time())
+        self.choices: dict[int, _Choice] = {}
+
+    def _updates(self, batch: list):
+        """(choice index, CompletionOutput delta, its _Choice) for each completion in a batch of outputs."""
+        for out in batch:
+            base = self.prompt_index[out.request_id] * self.req.n
+            for comp in out.outputs:
+                choice = self.choices.setdefault(base + comp.index, _Choice())
+                choice.num_tokens += len(comp.token_ids)
+                choice.finish_reason, choice.stop_reason = comp.finish_reason, comp.stop_reason
+                if comp.logprobs:
+                    choice.logprobs.extend(comp.logprobs)
+                    choice.token_ids.extend(comp.token_ids)
+                yield base + comp.index, comp, choice
+
+    def usage(self) -> api.UsageInfo:
+        completion = sum(c.num_tokens for c in self.choices.values())
+        return api.UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=completion,
+                             total_tokens=self.prompt_tokens + completion)
+
+    def add(self, batch: list) -> None:
+        for _, comp, choice in self._updates(batch):
+            choice.text.append(comp.text)
+
+    def chunks(self, batch: list) -> list[str]:
+        """The stream events (JSON) for a batch of outputs; deltas with no text and no finish are skipped."""
+        events = []
+        for index, comp, _ in self._updates(batch):
+            events.extend(self._chunks(index, comp))
+        return events
+
+    def usage_chunk(self) -> str | None:
+        """The last event before [DONE] when stream_options.include_usage: no choices, the whole usage."""
+        if not self.req.include_usage:
+            return None
+        return self._envelope([], usage=self.usage())
+
+    def _envelope(self, choices: list, usage: api.UsageInfo | None = None) -> str:
+        """A chunk's JSON; with include_usage every chunk has a usage field (null but in the last, or the usage
+        so far with continuous_usage_stats)."""
+        if self.req.continuous_usage and usage is None:
+            usage = self.usage()
+        extra = {"usage": usage} if self.req.include_usage else {}
+        return self.chunk_cls(id=self.request_id, object=self.chunk_object, created=self.created, model=self.model,
+                              choices=choices, **extra).model_dump_json(exclude_unset=True)
+
+    def _token_text(self, token_id: int, logprob) -> str:
+        return logprob.decoded_token if logprob.decoded_token is not None else self.tokenizer.decode([token_id])
+
+    def _tops(self, step: dict, num: int) -> list[tuple[str, float]]:
+        """The `num` best alternatives of one token's logprobs, as (text, logprob)."""
+        best = sorted(step.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 0)[:num]
+        return [(self._token_text(t, lp), max(lp.logprob, -9999.0)) for t, lp in best]
+
+
+class CompletionFormat(_Format):
+    chunk_cls, chunk_object = api.CompletionResponse, "text_completion"
+
+    def _logprobs(self, token_ids: list[int], steps: list, offset: int) -> api.CompletionLogprobs:
+        out = api.CompletionLogprobs()
+        for t, step in zip(token_ids, steps):
+            text = self._token_text(t, step[t])
+            out.tokens.append(text)
+            out.token_logprobs.append(max(step[t].logprob, -9999.0))
+            out.top_logprobs.append(dict(self._tops(step, self.req.logprobs or 0)))
+            out.text_offset.append(offset)
+            offset += len(text)
+        return out
+
+    def _chunks(self, index: int, comp) -> list[str]:
+        if not (comp.text or comp.finish_reason or comp.logprobs):
+            return []
+        logprobs = self._logprobs(comp.token_ids, comp.logprobs, 0) if comp.logprobs else None
+        return [self._envelope([api.CompletionChoice(index=index, text=comp.text, logprobs=logprobs,
+                                                     finish_reason=comp.finish_reason, stop_reason=comp.stop_reason)])]
+
+    def response(self) -> dict:
+        choices = [api.CompletionChoice(
+            index=i, text="".join(c.text), finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            logprobs=self._logprobs(c.token_ids, c.logprobs, 0) if c.logprobs else None)
+            for i, c in sorted(self.choices.items())]
+        return api.CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=choices,
+                                      usage=self.usage()).model_dump()
+
+
+class ChatFormat(_Format):
+    chunk_cls, chunk_object = api.ChatCompletionChunk, "chat.completion.chunk"
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.started: set[int] = set()  # choices whose first chunk (with the role) has gone out
+
+    def _logprobs(self, token_ids: list[int], steps: list) -> api.ChatLogprobs:
+        content = []
+        for t, step in zip(token_ids, steps):
+            text = self._token_text(t, step[t])
+            tops = [api.ChatTopLogprob(token=s, logprob=lp, bytes=list(s.encode()))
+                    for s, lp in self._tops(step, self.req.top_logprobs or 0)]
+            content.append(api.ChatTokenLogprob(token=text, logprob=max(step[t].logprob, -9999.0),
+                                                bytes=list(text.encode()), top_logprobs=tops))
+        return api.ChatLogprobs(content=content)
+
+    def _chunks(self, index: int, comp) -> list[str]:
+        events = []
+        if index not in self.started:  # as OpenAI and vLLM: a choice's first chunk has the role and no text
+            self.started.add(index)
+            events.append(self._envelope([api.ChatStreamChoice(
+                index=index, delta=api.DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None)]))
+        if comp.text or comp.finish_reason or comp.logprobs:
+            logprobs = self._logprobs(comp.token_ids, comp.logprobs) if comp.logprobs else None
+            events.append(self._envelope([api.ChatStreamChoice(
+                index=index, delta=api.DeltaMessage(content=comp.text), logprobs=logprobs,
+                finish_reason=comp.finish_reason, stop_reason=comp.stop_reason)]))
+        return events
+
+    def response(self) -> dict:
+        choices = [api.ChatChoice(
+            index=i, message=api.ChatResponseMessage(content="".join(c.text)), finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs else None)
+            for i, c in sorted(self.choices.items())]
+        return api.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                          choices=choices, usage=self.usage()).model_dump()

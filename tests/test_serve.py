@@ -1,0 +1,470 @@
+"""`jaxspec serve` on a tiny model: a real uvicorn server on 127.0.0.1, called with the official `openai` client
+and raw httpx; the oracle is `LLM.generate` / `LLM.chat` on the same LLM before the server takes it over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import uvicorn
+
+from jaxspec import SamplingParams
+from jaxspec.bench import serve as bench_serve
+from jaxspec.serve.app import build_app
+from tests.tiny import make_llm, tiny_weights, write_char_tokenizer
+
+API_KEY = "test-key"
+MODEL = "tiny-chat"
+MAX_TOKENS = 12
+MAX_MODEL_LEN = 256
+PROMPTS = ["abc", "hello", "xyz", "jaxspec", "q", "abcdefghij", "ABC", "mixedCASE"] * 2
+CHATS = [[{"role": "user", "content": "hi"}], [{"role": "system", "content": "be"}, {"role": "user", "content": "x"}]]
+# a template of characters in the char tokenizer's vocabulary: roles' initials, contents, then "Z" for the reply
+TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}Z" \
+           "{% endif %}"
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def make_model_dir(path):
+    write_char_tokenizer(path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": TEMPLATE}))
+    return path
+
+
+@contextmanager
+def running(app):
+    """A uvicorn server in a thread, on a free port of 127.0.0.1; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = make_model_dir(tmp_path_factory.mktemp("tinychat"))
+    # a long context, so that a request can outlast its client's disconnect (a CPU step takes about a millisecond)
+    llm = make_llm(tiny_weights(), path, max_model_len=MAX_MODEL_LEN, max_num_seqs=16, decode_buckets=[16],
+                   prefill_buckets=[64])
+    reference = {p: o.outputs[0].text for p, o in zip(PROMPTS, llm.generate(PROMPTS, GREEDY, use_tqdm=False))}
+    chat_reference = [o.outputs[0].text for o in llm.chat(CHATS, GREEDY, use_tqdm=False)]
+    ids_reference = llm.generate([[3, 1, 4, 1, 5]], GREEDY, use_tqdm=False)[0].outputs[0].text
+    app = build_app(llm, served_model_name=[MODEL, "alias"], api_key=API_KEY, model_path=str(path))
+    with running(app) as url:
+        yield SimpleNamespace(url=url, llm=llm, path=path, reference=reference, chat_reference=chat_reference,
+                              ids_reference=ids_reference, client=openai.OpenAI(base_url=url + "/v1", api_key=API_KEY))
+
+
+def async_client(served) -> openai.AsyncOpenAI:
+    """A client for one asyncio.run (its connection pool belongs to that run's event loop)."""
+    return openai.AsyncOpenAI(base_url=served.url + "/v1", api_key=API_KEY)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as {name{labels}: value}."""
+    text = httpx.get(url + "/metrics").text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def metric(values: dict, name: str, **labels) -> float:
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    found = [v for key, v in values.items() if key.split("{")[0] == name
+             and want <= set(key[key.find("{") + 1:-1].split(",") if "{" in key else [])]
+    assert found, f"{name} {labels} not in /metrics"
+    return sum(found)
+
+
+def wait_until_idle(url: str, timeout: float = 30) -> dict:
+    """/metrics once every page is back in the pool and nothing runs or waits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = scrape(url)
+        idle = (metric(m, "jaxspec:num_free_kv_pages") == metric(m, "jaxspec:num_kv_pages")
+                and metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:num_requests_waiting") == 0)
+        if idle:
+            return m
+        assert time.monotonic() < deadline, f"pages never came back: {m}"
+        time.sleep(0.05)
+
+
+def post(served, path: str, body: dict, key: str | None = API_KEY, timeout: float = 30) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(served.url + path, json=body, headers=headers, timeout=timeout)
+
+
+# ---- the OpenAI API with the openai client
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_equals_generate(served, stream):
+    prompt = PROMPTS[1]
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+    if stream:
+        chunks = list(served.client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
+        assert not chunks[-1].choices and all(c.usage is None for c in chunks[:-1])
+        assert len([c for c in chunks if c.choices]) > 1  # really streamed, not one chunk at the end
+    else:
+        out = served.client.completions.create(**kw)
+        text, finish, usage = out.choices[0].text, out.choices[0].finish_reason, out.usage
+        assert out.model == MODEL and out.id.startswith("cmpl-")
+    assert text == served.reference[prompt]
+    assert finish == "length"
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+        len(prompt), MAX_TOKENS, len(prompt) + MAX_TOKENS)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_llm_chat(served, stream):
+    for messages, want in zip(CHATS, served.chat_reference):
+        kw = dict(model="alias", messages=messages, max_completion_tokens=MAX_TOKENS, temperature=0,
+                  extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(served.client.chat.completions.create(stream=True, **kw))
+            assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            assert chunks[-1].choices[0].finish_reason == "length"
+            assert chunks[0].object == "chat.completion.chunk" and chunks[0].model == MODEL
+        else:
+            out = served.client.chat.completions.create(**kw)
+            text = out.choices[0].message.content
+            assert out.choices[0].message.role == "assistant" and out.choices[0].finish_reason == "length"
+            rendered = "".join(m["role"][0] + m["content"] for m in messages) + "Z"
+            assert out.usage.prompt_tokens == len(rendered) and out.usage.completion_tokens == MAX_TOKENS
+        assert text == want
+
+
+def test_token_ids_and_batched_prompts(served):
+    out = served.client.completions.create(model=MODEL, prompt=[3, 1, 4, 1, 5], max_tokens=MAX_TOKENS,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert out.choices[0].text == served.ids_reference and out.usage.prompt_tokens == 5
+    batch = PROMPTS[:3]
+    out = served.client.completions.create(model=MODEL, prompt=batch, max_tokens=MAX_TOKENS, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert [c.text for c in out.choices] == [served.reference[p] for p in batch]
+    assert out.usage.prompt_tokens == sum(map(len, batch)) and out.usage.completion_tokens == 3 * MAX_TOKENS
+
+
+def test_stop_string_and_max_tokens(served):
+    want = served.reference[PROMPTS[0]]
+    stop = want[4:6]
+    out = served.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                           stop=[stop], extra_body={"ignore_eos": True})
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].text == want[:want.find(stop)]
+    out = served.client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3, temperature=0)
+    assert out.choices[0].text == want[:3] and out.usage.completion_tokens == 3
+
+
+def test_models_health_metrics(served):
+    models = served.client.models.list()
+    assert [m.id for m in models.data] == [MODEL, "alias"]
+    assert httpx.get(served.url + "/health").status_code == 200
+    before = scrape(served.url)
+    served.client.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    after = wait_until_idle(served.url)
+    delta = lambda name, **kw: metric(after, name, **kw) - metric(before, name, **kw)  # noqa: E731
+    assert delta("vllm:generation_tokens_total", model_name=MODEL) == 5
+    assert delta("vllm:prompt_tokens_total", model_name=MODEL) == 3
+    assert delta("vllm:request_success_total", finished_reason="length") == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:e2e_request_latency_seconds_count") == 1
+    assert delta("vllm:inter_token_latency_seconds_count") >= 1
+    assert metric(after, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_sixteen_concurrent_streams(served):
+    async def one(client, prompt):
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def main():
+        async with async_client(served) as client:
+            return await asyncio.gather(*(one(client, p) for p in PROMPTS))
+
+    assert len(PROMPTS) == 16
+    assert asyncio.run(main()) == [served.reference[p] for p in PROMPTS]
+
+
+def test_disconnect_mid_stream_frees_pages(served):
+    before = wait_until_idle(served.url)
+    stream = served.client.completions.create(model=MODEL, prompt="ab", max_tokens=MAX_MODEL_LEN - 2, temperature=0,
+                                              stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()  # the client goes away with hundreds of tokens to go
+    after = wait_until_idle(served.url)
+    assert metric(after, "vllm:request_success_total", finished_reason="abort") == \
+        metric(before, "vllm:request_success_total", finished_reason="abort") + 1
+    assert metric(after, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total") < \
+        MAX_MODEL_LEN - 2
+
+
+def test_disconnect_before_a_non_streaming_response_frees_pages(served):
+    before = wait_until_idle(served.url)
+    body = json.dumps({"model": MODEL, "prompt": "ab", "max_tokens": MAX_MODEL_LEN - 2, "ignore_eos": True}).encode()
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:  # raw, so that it can hang up at the right moment
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+                     + body)
+        first = "vllm:time_to_first_token_seconds_count"
+        while metric(scrape(served.url), first) == metric(before, first):  # until it is generating
+            time.sleep(0.002)
+    after = wait_until_idle(served.url)
+    assert metric(after, "vllm:request_success_total", finished_reason="abort") == \
+        metric(before, "vllm:request_success_total", finished_reason="abort") + 1
+
+
+# ---- errors
+
+BAD_REQUESTS = [  # (path, body, status, param)
+    ("/v1/completions", {"model": MODEL, "prompt": "a" * MAX_MODEL_LEN}, 400, None),  # no room left to generate
+    ("/v1/completions", {"model": MODEL, "prompt": [1] * (MAX_MODEL_LEN + 1)}, 400, None),
+    ("/v1/completions", '{"model": "tiny-chat", "prompt": ', 400, None),  # malformed JSON
+    ("/v1/completions", {"model": MODEL}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1.5, 2]}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "a"}, 404, "model"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "top_p": 2}, 400, "top_p"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, 400, None),  # a token id outside the vocabulary
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, 400, "use_beam_search"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "a"}]}, 404, "model"),
+]
+
+
+def test_bad_requests_get_openai_errors_and_others_are_unaffected(served):
+    async def good():
+        async with async_client(served) as client:
+            stream = await client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=MAX_TOKENS,
+                                                     temperature=0, stream=True, extra_body={"ignore_eos": True})
+            return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def bad():
+        async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+            return [await c.post(path, content=body if isinstance(body, str) else json.dumps(body),
+                                 headers={"Content-Type": "application/json"})
+                    for path, body, _, _ in BAD_REQUESTS]
+
+    async def main():
+        return await asyncio.gather(good(), bad())
+
+    text, responses = asyncio.run(main())
+    assert text == served.reference[PROMPTS[2]]
+    for (path, body, status, param), r in zip(BAD_REQUESTS, responses):
+        assert r.status_code == status, (body, r.text)
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == status, r.text
+        assert error["type"] == {400: "BadRequestError", 404: "NotFoundError"}[status]
+        assert error["message"], body
+        if param is not None:
+            assert error["param"] == param, (body, error)
+    wait_until_idle(served.url)
+
+
+@pytest.mark.parametrize("field,value", [("n", 2), ("logprobs", 2), ("presence_penalty", 0.5),
+                                         ("repetition_penalty", 1.3), ("min_tokens", 3)])
+def test_sampling_fields_follow_sampling_params(served, field, value):
+    """A field SamplingParams lacks is refused by name; one it has reaches it (n and logprobs, once they exist)."""
+    from dataclasses import fields
+    r = post(served, "/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 4, field: value})
+    if field in {f.name for f in fields(SamplingParams)}:
+        assert r.status_code == 200, r.text
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert field in r.json()["error"]["message"]
+
+
+def test_api_key(served):
+    for key in (None, "wrong"):
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = post(served, path, {"model": MODEL, "prompt": "a"}, key=key)
+            assert r.status_code == 401 and r.json()["error"]["code"] == 401
+        assert httpx.get(served.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=served.url + "/v1", api_key="wrong").models.list()
+    assert httpx.get(served.url + "/health").status_code == 200  # open, as in vLLM
+    assert httpx.get(served.url + "/metrics").status_code == 200
+
+
+# ---- soak
+
+def test_soak_500_requests_with_disconnects(served):
+    """500 streamed requests arriving at ~250/s, every tenth dropped after its first chunk: the rest complete with
+    their exact usage, and afterwards every page is free and /health is OK."""
+    n, max_tokens = 500, 6
+    arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / 250, n))  # a Poisson process at 250/s
+
+    async def one(client, i):
+        await asyncio.sleep(float(arrivals[i]))
+        body = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.aiter_lines()
+            if i % 10 == 0:
+                await anext(lines)
+                return None  # leaving the block closes the connection mid-stream
+            events = [line[6:] async for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return json.loads(events[-2])["usage"]["completion_tokens"]
+
+    async def main():
+        # idle connections are dropped before uvicorn's 5 s keep-alive timeout would close them under a request
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2)
+        async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {API_KEY}"},
+                                     limits=limits, timeout=60) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+    start = time.monotonic()
+    usage = asyncio.run(main())
+    assert [u for i, u in enumerate(usage) if i % 10] == [max_tokens] * (n - n // 10)
+    wait_until_idle(served.url)
+    assert httpx.get(served.url + "/health").status_code == 200
+    print(f"soak: {n} requests in {time.monotonic() - start:.1f} s")
+
+
+# ---- the benchmark client against the server
+
+def bench_args(served, tmp_path, **kw):
+    args = dict(base_url=served.url, endpoint="/v1/completions", model=None, api_key=API_KEY,
+                dataset_name="random", dataset_path=None, jsonl_output_len=8, random_input_len=6,
+                random_output_len=5, tokenizer=str(served.path), num_prompts=6, seed=0, request_rate=float("inf"),
+                burstiness=1.0, max_concurrency=None, temperature=0.0, ignore_eos=True, disable_tqdm=True,
+                save_result=True, result_dir=str(tmp_path), result_filename=None, label=None, compare_with=None)
+    return SimpleNamespace(**(args | kw))
+
+
+def test_bench_serve_random_completions(served, tmp_path):
+    result = bench_serve.run(bench_args(served, tmp_path, request_rate=50.0, max_concurrency=4))
+    assert result["completed"] == 6 and result["failed"] == 0 and result["model_id"] == MODEL
+    assert result["input_lens"] == [6] * 6 and result["output_lens"] == [5] * 6
+    assert result["total_output_tokens"] == 30
+    assert all(t > 0 for t in result["ttfts"]) and all(len(x) >= 1 for x in result["itls"])
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        assert all(f"{s}_{name}_ms" in result for s in ("mean", "median", "p90", "p99"))
+    assert result["mean_acceptance_length"] is None  # no draft head
+    saved = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert saved["generated_texts"] == result["generated_texts"] and saved["command"]
+    assert all(len(t) == 5 for t in result["generated_texts"])  # one character per token
+
+
+def test_bench_serve_jsonl_chat_compare(served, tmp_path):
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "x"}) + "\n" for q in ("abc", "defg", "hij")))
+    kw = dict(endpoint="/v1/chat/completions", dataset_name="jsonl", dataset_path=str(data), num_prompts=4)
+    first = bench_serve.run(bench_args(served, tmp_path, result_filename="a.json", **kw))
+    second = bench_serve.run(bench_args(served, tmp_path, result_filename="b.json",
+                                        compare_with=str(tmp_path / "a.json"), **kw))
+    assert first["completed"] == 4 and first["input_lens"] == [5, 6, 5, 5]  # "u" + question + "Z"
+    assert second["compare"]["identical"] == 4 and not second["compare"]["mismatches"]
+    assert first["generated_texts"][0] == first["generated_texts"][3]  # the file is cycled
+
+
+# ---- pieces
+
+def test_logprobs_render_in_openai_formats(served):
+    """vLLM's per-token {token_id: Logprob} (what SamplingParams.logprobs asks for) as OpenAI's completion and chat
+    logprobs; a token without decoded text is decoded by the tokenizer."""
+    from collections import namedtuple
+
+    from jaxspec import CompletionOutput, RequestOutput
+    from jaxspec.serve import protocol as api
+    from jaxspec.serve.serving import ChatFormat, CompletionFormat, EngineInputs
+
+    Logprob = namedtuple("Logprob", "logprob rank decoded_token")
+    steps = [{5: Logprob(-0.1, 1, "f"), 7: Logprob(-2.5, 2, "h")}, {2: Logprob(-1.5, 2, None), 9: Logprob(-0.4, 1, "j")}]
+    out = RequestOutput("r", None, [0, 1], [CompletionOutput(0, "fc", [5, 2], logprobs=steps, finish_reason="length")],
+                        finished=True)
+    inputs, tok = EngineInputs([("r", {}, None)], [2]), served.llm.get_tokenizer()
+    fmt = CompletionFormat("cmpl-1", MODEL, api.CompletionRequest(prompt="ab", logprobs=1), inputs, tok)
+    fmt.add([out])
+    assert fmt.response()["choices"][0]["logprobs"] == {
+        "tokens": ["f", "c"], "token_logprobs": [-0.1, -1.5], "top_logprobs": [{"f": -0.1}, {"j": -0.4}],
+        "text_offset": [0, 1]}
+    chat = ChatFormat("chatcmpl-1", MODEL, api.ChatCompletionRequest(
+        messages=[{"role": "user", "content": "a"}], logprobs=True, top_logprobs=2), inputs, tok)
+    role, content = (json.loads(e)["choices"][0] for e in chat.chunks([out]))
+    assert role["delta"] == {"role": "assistant", "content": ""}
+    tokens = content["logprobs"]["content"]
+    assert [(t["token"], t["logprob"], t["bytes"]) for t in tokens] == [("f", -0.1, [102]), ("c", -1.5, [99])]
+    assert [(t["token"], t["logprob"]) for t in tokens[1]["top_logprobs"]] == [("j", -0.4), ("c", -1.5)]
+
+
+def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
+    """`jaxspec serve`: vLLM's flags reach the LLM, the server binds 127.0.0.1 unless told otherwise, and
+    JAXSPEC_API_KEY is read as it starts."""
+    from fastapi.testclient import TestClient
+
+    from jaxspec.cli import main
+    from jaxspec.convert.checkpoint import save_checkpoint
+    from tests.tiny import TINY
+
+    path = tmp_path / "model"  # a preset's layout: the tokenizer in hf/, the checkpoint in ckpt/
+    make_model_dir(path / "hf")
+    save_checkpoint(path / "ckpt", TINY, tiny_weights())
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(kw, app=app))
+    monkeypatch.setenv("JAXSPEC_API_KEY", "from-env")
+    main(["serve", str(path), "--served-model-name", "t", "--max-model-len", "64", "--max-num-seqs", "2",
+          "--max-num-batched-tokens", "16", "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16",
+          "--no-async-scheduling"])
+    assert (started["host"], started["port"]) == ("127.0.0.1", 8000)
+    llm = started["app"].state.engine.llm
+    cfg = llm.engine_config
+    assert (cfg.max_model_len, cfg.max_num_seqs, cfg.page_size, cfg.decode_buckets) == (64, 2, 8, [2])
+    assert llm.llm_engine.async_scheduling is False
+    with TestClient(started["app"]) as client:  # runs the lifespan: the engine thread starts and stops
+        assert client.get("/v1/models").status_code == 401
+        auth = {"Authorization": "Bearer from-env"}
+        assert client.get("/v1/models", headers=auth).json()["data"][0]["id"] == "t"
+        r = client.post("/v1/completions", headers=auth,
+                        json={"prompt": "ab", "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_other_commands_do_not_import_the_server():
+    """Every command's parser is built without FastAPI, uvicorn or prometheus_client (the serve extra)."""
+    code = ("import argparse, sys, jaxspec.cli as cli\n"
+            "sub = argparse.ArgumentParser().add_subparsers()\n"
+            "[add(sub) for add in cli.COMMANDS.values()]\n"
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == "[]"
