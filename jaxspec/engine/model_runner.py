@@ -20,10 +20,32 @@ from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
-from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step, program
+from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+from jaxspec.engine.step import (COPY_PAGES, Caches, SlotState, StepSpec, admit_step, copy_pages_step, decode_step,
+                                 prefill_step, program, slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
+
+
+# A batch's kind: (all_greedy, filtered, extended, prompt_logprobs), from its rows (SamplingTable.batch) and, for
+# prefill, whether a chunk wants prompt logprobs. Each step maps it to few compiled variants: the extended decode
+# keeps only the filtered flag (greedy rows are handled per row), and the extended prefill always filters (its
+# sort covers R rows, not B * (k+1)). So a warm engine has 5 decode and 5 prefill variants per bucket.
+BatchKind = tuple[bool, bool, bool, bool]
+ALL_KINDS: tuple[BatchKind, ...] = ((True, False, False, False), (False, False, False, False),
+                                    (False, True, False, False), (False, False, True, False),
+                                    (False, True, True, False), (False, True, True, True))
+
+
+def decode_mode(kind: BatchKind) -> BatchKind:
+    all_greedy, filtered, extended, _ = kind
+    return (False, filtered, True, False) if extended else (all_greedy, filtered, False, False)
+
+
+def prefill_mode(kind: BatchKind) -> BatchKind:
+    all_greedy, filtered, extended, prompt_logprobs = kind
+    return (False, True, True, prompt_logprobs) if extended or prompt_logprobs else (all_greedy, filtered, False, False)
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -44,7 +66,7 @@ class ModelRunner:
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
-        self.state = SlotState.init(self.num_slots, self.k)
+        self.state = SlotState.init(self.num_slots, self.k, target_cfg.vocab_size)
         self.sampling = sampler.SamplingTable(self.num_slots, target_cfg.vocab_size)
         shardings = None
         if mesh is not None:
@@ -58,10 +80,13 @@ class ModelRunner:
             self.state = parallel.place(self.state, shardings.replicated)
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
+                             num_logprobs=min(cfg.max_logprobs, target_cfg.vocab_size),
                              synthetic_acceptance=synthetic_acceptance, shardings=shardings)
-        # the step's static spec for each sampling mode (all_greedy, filtered), built once
-        self._specs = {(g, f): dataclasses.replace(self.spec, all_greedy=g, filtered=f)
-                       for g in (True, False) for f in (True, False)}
+        # the step's static spec for each mode (decode_mode / prefill_mode of a batch kind), built once
+        self._specs = {mode: dataclasses.replace(self.spec, all_greedy=mode[0], filtered=mode[1], extended=mode[2],
+                                                 prompt_logprobs=mode[3])
+                       for mode in {f(kind) for kind in ALL_KINDS for f in (decode_mode, prefill_mode)}}
+        self.num_prefill_tokens = 0  # prompt (and recomputed) tokens run through prefill so far
         self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
         self.caches = self._new_caches()
         if mesh is None:
@@ -71,7 +96,7 @@ class ModelRunner:
                 (self.tw, self.dw, self.caches, self.state), jax.devices()[0])
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
-        self._compiled: set[tuple] = set()  # (step, bucket, all_greedy, filtered) of the programs called so far
+        self._compiled: set[tuple] = set()  # (step, bucket, mode) of the programs called so far
 
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
@@ -92,16 +117,19 @@ class ModelRunner:
             if self._shardings is None:
                 self.caches = jax.device_put(self.caches, jax.devices()[0])
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
-            self.state = SlotState.init(self.num_slots, self.k)
+            self.state = SlotState.init(self.num_slots, self.k, self.vocab_size)
             self.state = (jax.device_put(self.state, jax.devices()[0]) if self._shardings is None
                           else parallel.place(self.state, self._shardings.replicated))
 
     # ---- building the host arrays
 
-    def _sampling(self, slots: np.ndarray) -> tuple[np.ndarray, StepSpec]:
-        """Packed sampling params of these slots (padding rows all zero: greedy) and the step's sampling mode."""
+    def _sampling(self, slots: np.ndarray, step: Callable, prompt_logprobs: bool = False) -> tuple[np.ndarray,
+                                                                                                  StepSpec]:
+        """Packed sampling params of these slots (padding rows all zero: greedy) and the spec of `step` for the
+        batch's kind."""
         packed, flags = self.sampling.batch(slots)
-        return packed, self._specs[flags]
+        kind = flags + (prompt_logprobs,)
+        return packed, self._specs[decode_mode(kind) if step is decode_step else prefill_mode(kind)]
 
     def _slots(self, used: list[int], rows: int) -> np.ndarray:
         """`used` padded to `rows` with the padding slot."""
@@ -116,7 +144,7 @@ class ModelRunner:
         state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
         logged (`log`, default the jaxspec logger)."""
         tokens = size * (self.k + 1) if step is decode_step else size
-        key = (step.__name__, size, spec.all_greedy, spec.filtered)
+        key = (step.__name__, size, spec.all_greedy, spec.filtered, spec.extended, spec.prompt_logprobs)
         first = key not in self._compiled
         t0 = time.perf_counter()
         self.caches, self.state, out = program(step, tokens)(self.tw, self.dw, self.caches, self.state, *plan, spec)
@@ -124,6 +152,8 @@ class ModelRunner:
             jax.block_until_ready(out)
             self._compiled.add(key)
             mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
+            mode += ", processors + logprobs" if spec.extended else ""
+            mode += ", prompt logprobs" if spec.prompt_logprobs else ""
             (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} ({mode}) in "
                                  f"{time.perf_counter() - t0:.1f} s")
         out = out.addressable_data(0) if self._local else out
@@ -136,7 +166,7 @@ class ModelRunner:
         B = pick_bucket(self.cfg.decode_buckets, len(slots))
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
-        sampling, spec = self._sampling(slots)
+        sampling, spec = self._sampling(slots, decode_step)
         return self._run(decode_step, B, spec, rows, sampling)
 
     def prefill(self, chunks: list[PrefillChunk], tables: np.ndarray) -> jax.Array:
@@ -145,7 +175,8 @@ class ModelRunner:
         N = pick_bucket(self.cfg.prefill_buckets, n_tokens)
         R = self.cfg.max_prefill_seqs
         for c in chunks:  # the slot's sampling params, for this and every later step of the sequence
-            self.sampling.set(c.seq.slot, c.seq.params, c.seq.seed)
+            self.sampling.set(c.seq.slot, c.seq.params, c.seq.seed, len(c.seq.prompt_token_ids))
+        self._admit([c for c in chunks if c.start == c.seq.num_copied and c.seq.params.needs_extended_step])
         slots = self._slots([c.seq.slot for c in chunks], R)
         tok = np.zeros((N, 4), np.int32)
         tok[:, 2] = -1  # padding tokens belong to no row
@@ -164,30 +195,62 @@ class ModelRunner:
             tok[at:at + c.length, 3] = np.arange(c.start, end)
             rows[r, 1:3] = (at + c.length - 1, int(c.is_last))
             at += c.length
-        sampling, spec = self._sampling(slots)
+        self.num_prefill_tokens += n_tokens
+        sampling, spec = self._sampling(slots, prefill_step, any(c.wants_prompt_logprobs for c in chunks))
         return self._run(prefill_step, N, spec, tok, rows, sampling)
 
-    def warmup(self, modes: tuple[tuple[bool, bool], ...] = ((True, False), (False, False), (False, True)),
-               log=None) -> int:
-        """Compile every bucket in each sampling mode (all_greedy, filtered): by default greedy, random, and random
-        with top-k/top-p, so that generation never compiles. Each program's time is logged (`log`). Returns the
-        number of compiled variants."""
-        P, R, C = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS)
+    def _admit(self, chunks: list[PrefillChunk]) -> None:
+        """Set the processor state of the slots of extended requests that start prefilling now (one dispatch,
+        before the prefill)."""
+        if not chunks:
+            return
+        R, V = self.cfg.max_prefill_seqs, self.vocab_size
+        slots = np.full((R, 2), self.num_slots, np.int32)
+        bias = np.zeros((R, V), np.float32)
+        stop = np.zeros((R, V), bool)
+        bad = np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
+        for r, c in enumerate(chunks):
+            slots[r] = (c.seq.slot, c.seq.prompt_mask_from if c.seq.prompt_mask_from >= 0 else self.num_slots)
+            bias[r], stop[r], bad[r] = c.seq.slot_spec.rows(V)
+        self.state = slot_program(admit_step)(self.state, slots, bias, stop, bad, spec=self.spec)
+
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy KV pages (source, destination) in both caches, COPY_PAGES per dispatch."""
+        for i in range(0, len(pairs), COPY_PAGES):
+            pages = np.full((COPY_PAGES, 2), -1, np.int32)
+            pages[:len(pairs[i:i + COPY_PAGES])] = pairs[i:i + COPY_PAGES]
+            self.caches = slot_program(copy_pages_step)(self.caches, pages, spec=self.spec)
+
+    def warmup(self, kinds: tuple[BatchKind, ...] = ALL_KINDS, log=None) -> int:
+        """Compile every bucket for each batch kind (all_greedy, filtered, extended, prompt_logprobs), by default
+        every kind a batch can be, so that generation never compiles; the admission program too with an extended
+        kind, and the page copy (parallel samples) always. Each step program's time is logged (`log`). Returns
+        the number of compiled programs."""
+        P, R, C, S = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS), self.num_slots
         count, out = 0, None
-        for mode in modes:
-            spec = self._specs[mode]
+        for mode in sorted({decode_mode(kind) for kind in kinds}):
             for B in self.cfg.decode_buckets:
                 rows = np.full((B, 1 + P), -1, np.int32)
-                rows[:, 0] = self.num_slots
-                out = self._run(decode_step, B, spec, rows, np.zeros((B, C), np.uint32), log=log)
+                rows[:, 0] = S
+                out = self._run(decode_step, B, self._specs[mode], rows, np.zeros((B, C), np.uint32), log=log)
                 count += 1
+        for mode in sorted({prefill_mode(kind) for kind in kinds}):
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
                 tok[:, 2] = -1
                 rows = np.full((R, 3 + P), -1, np.int32)
-                rows[:, 0] = self.num_slots
-                out = self._run(prefill_step, N, spec, tok, rows, np.zeros((R, C), np.uint32), log=log)
+                rows[:, 0] = S
+                out = self._run(prefill_step, N, self._specs[mode], tok, rows, np.zeros((R, C), np.uint32), log=log)
                 count += 1
+        if any(kind[2] for kind in kinds):
+            V, shape = self.vocab_size, (MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS)
+            self.state = slot_program(admit_step)(self.state, np.full((R, 2), S, np.int32),
+                                                  np.zeros((R, V), np.float32), np.zeros((R, V), bool),
+                                                  np.full((R,) + shape, -1, np.int32), spec=self.spec)
+            count += 1
+        self.caches = slot_program(copy_pages_step)(self.caches, np.full((COPY_PAGES, 2), -1, np.int32),
+                                                    spec=self.spec)
+        count += 1
         if out is not None:
             jax.block_until_ready(out)
         return count
