@@ -355,6 +355,12 @@ def test_text_options(weights, prompts, tmp_path):
             temperature=0, max_tokens=20, stop=stop, include_stop_str_in_output=include, skip_special_tokens=False)))
         streamed = "".join(o.outputs[0].text for o in outs)
         assert streamed == text[:at + 2 if include else at] and outs[-1].outputs[0].stop_reason == stop
+    # with min_tokens, a stop string completed within the first min_tokens tokens does not count (vLLM)
+    m = at + 3
+    later = next((i for i in range(len(text) - 1) if text[i:i + 2] == stop and i + 2 > m), None)
+    out = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=stop,
+                                                    min_tokens=m, skip_special_tokens=False), use_tqdm=False)[0]
+    assert out.outputs[0].text == (text if later is None else text[:later])
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time
     assert m.time_in_queue == m.first_scheduled_time - m.arrival_time and out.num_cached_tokens == 0

@@ -109,9 +109,12 @@ class OutputProcessor:
             at += c.length
 
     def _extend_text(self, seq: Sequence) -> bool:
-        """Decode the new token into seq.text; True if that completed a stop string (the request is finished)."""
+        """Decode the new token into seq.text; True if that completed a stop string (the request is finished).
+        Stop strings count only once the output is longer than min_tokens (vLLM)."""
         old_len = len(seq.text)
         seq.text += detokenize_incrementally(self.tokenizer, seq)
+        if len(seq.output_token_ids) <= seq.params.min_tokens:
+            return False
         for stop in seq.params.stop:
             at = seq.text.find(stop, max(0, old_len - len(stop) + 1))
             if at >= 0:  # the stop string itself is returned only with include_stop_str_in_output (vLLM)
