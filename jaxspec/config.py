@@ -98,16 +98,17 @@ class EngineConfig:
     num_pages: int = 0  # KV pages in the pool; 0 = size from memory_fraction (GPU) or enough for max_num_seqs
     memory_fraction: float = 0.85  # of device memory, for weights + KV pool, when num_pages is 0
     seed: int = 0
+    max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
     speculative: SpeculativeConfig | None = None
     decode_buckets: list[int] = field(default_factory=list)
     prefill_buckets: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size",
-                     "num_pages"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "num_pages" else 1):
-                raise ValueError(f"{name} must be an integer >= {0 if name == 'num_pages' else 1}, got {value!r}")
+                     "num_pages", "max_logprobs"):
+            value, lo = getattr(self, name), 0 if name in ("num_pages", "max_logprobs") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
         for name in ("decode_buckets", "prefill_buckets"):
             if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in getattr(self, name)):
                 raise ValueError(f"{name} must be positive integers, got {getattr(self, name)!r}")

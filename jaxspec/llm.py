@@ -61,9 +61,9 @@ class LLM:
         max_num_batched_tokens=2048, async_scheduling=True, page_size=16, num_pages=0 (size from memory),
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
-        tensor_parallel_size=1, draft_tensor_parallel_size, kernel_config (KernelConfig; default: its defaults
-        with JAXSPEC_* environment overrides). compilation_cache_dir: jax's persistent compilation cache (None:
-        ~/.cache/jaxspec/xla; "": off; see jaxspec/compile_cache.py)."""
+        tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, kernel_config (KernelConfig; default:
+        its defaults with JAXSPEC_* environment overrides). compilation_cache_dir: jax's persistent compilation
+        cache (None: ~/.cache/jaxspec/xla; "": off; see jaxspec/compile_cache.py)."""
         compile_cache.configure(compilation_cache_dir)
         path, target_cfg, target_w = loader.load_target(model, load_format, dtype)
         self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
@@ -95,7 +95,8 @@ class LLM:
                kv_cache_memory_bytes: int | None = None, attn_impl: str = "auto", layer_loop: str = "auto",
                max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
-               draft_tensor_parallel_size: int | None = None, kernel_config: KernelConfig | None = None) -> None:
+               draft_tensor_parallel_size: int | None = None, max_logprobs: int = 20,
+               kernel_config: KernelConfig | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         spec = SpeculativeConfig.parse(speculative_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
@@ -124,7 +125,7 @@ class LLM:
         cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
-                           speculative=spec, decode_buckets=decode_buckets or [],
+                           max_logprobs=max_logprobs, speculative=spec, decode_buckets=decode_buckets or [],
                            prefill_buckets=prefill_buckets or [])
         cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, kv_cache_memory_bytes)
         if cfg.num_pages < cfg.pages_per_seq:
@@ -143,9 +144,9 @@ class LLM:
             logger.info("step times (ms) by (decode bucket, k): %s",
                         {key: round(t * 1e3, 3) for key, t in policy.step_times.items()})
         eos = eos_token_ids(self.tokenizer, Path(tokenizer_dir)) if tokenizer_dir else set()
-        self.llm_engine = LLMEngine(cfg, runner,
-                                    InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed),
-                                    OutputProcessor(self.tokenizer, eos, max_model_len), async_scheduling, policy)
+        inputs = InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed, eos, max_logprobs)
+        self.llm_engine = LLMEngine(cfg, runner, inputs, OutputProcessor(self.tokenizer, eos, max_model_len),
+                                    async_scheduling, policy)
         self._next_request = 0
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread inside generate (re-entry from it would deadlock)
@@ -217,7 +218,7 @@ class LLM:
                 if bar is not None and now - last >= 0.2:  # redrawn at most 5 times a second, off the hot path
                     last = now
                     bar.update(len(seqs) - remaining - bar.n)
-                    tokens = sum(len(s.output_token_ids) for s in seqs)
+                    tokens = sum(len(s.output_token_ids) for seq in seqs for s in seq.group)
                     bar.set_postfix_str(f"output: {tokens / (now - start):.0f} tok/s")
         if bar is not None:
             bar.update(len(seqs) - bar.n)
@@ -258,14 +259,15 @@ class LLM:
         return outs
 
     def get_metrics(self) -> dict:
-        """Speculative decoding counters, step timing and the scheduler's state."""
+        """Speculative decoding counters, step timing, the scheduler's state and the tokens run through prefill."""
         engine = self.llm_engine
         t, sched = engine.times, engine.scheduler
         return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "host_wait_s": t.host_wait_s,
                 "wall_s": t.wall_s, "num_preemptions": sched.num_preemptions, "num_compiled": self.num_compiled,
                 "num_steps_by_k": dict(engine.spec_policy.num_steps_by_k),
                 "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting),
-                "num_free_pages": engine.block_manager.num_free, "num_pages": self.engine_config.num_pages}
+                "num_free_pages": engine.block_manager.num_free, "num_pages": self.engine_config.num_pages,
+                "num_prefill_tokens": engine.runner.num_prefill_tokens}
 
     # ---- requests of one call
 

@@ -100,6 +100,26 @@ def test_tensor_parallel_flag_gives_the_same_outputs(tmp_path):
     assert digests[1] == digests[2]
 
 
+def test_sampling_options_reach_every_request(tmp_path):
+    """--logprobs and the processors go into each request's SamplingParams and the run's label."""
+    import argparse
+
+    from jaxspec.bench.throughput import add_arguments, sampling_params
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    options = ["--logprobs", "5", "--presence-penalty", "0.5", "--frequency-penalty", "0.1",
+               "--repetition-penalty", "1.1", "--min-p", "0.05", "--min-tokens", "2"]
+    result = main(["--load-format", "dummy", "--hf-config", str(tmp_path / "config.json"), "--num-prompts", "2",
+                   "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}', *SMALL, *options])
+    assert not result["errors"], result["errors"]
+    assert "logprobs 5" in result["label"] and "presence penalty 0.5" in result["label"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    (params, _) = sampling_params(parser.parse_args(options + ["--ignore-eos"]), 2)
+    assert (params.logprobs, params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            params.min_p, params.min_tokens) == (5, 0.5, 0.1, 1.1, 0.05, 2)
+
+
 def test_sweep_without_the_plain_mode(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     result = main(["--load-format", "dummy", "--hf-config", str(tmp_path / "config.json"), "--sweep",

@@ -125,22 +125,29 @@ def test_two_thousand_requests_complete_and_free_every_page(weights):
 
 def test_no_compilation_during_generation(weights, prompts):
     """Warm-up compiles exactly the programs generation runs, with either GEMM backend (step.program): here
-    decode buckets below 4 tokens keep XLA's GEMMs and the rest use cuBLAS."""
+    decode buckets below 4 tokens keep XLA's GEMMs and the rest use cuBLAS. Every sampling option is used, in
+    batches that mix them: greedy, random, top-k/top-p, processors, logprobs, prompt logprobs, n > 1."""
     from jaxspec.engine import step
 
     programs = lambda cublas: sum(step.compiled(s, cublas)._cache_size()  # noqa: E731
                                   for s in (step.decode_step, step.prefill_step))
     before = {cublas: programs(cublas) for cublas in (False, True)}
-    llm = make_llm(weights, warmup=True, max_num_seqs=4, max_num_batched_tokens=32,
-                   kernel_config=KernelConfig(cublas_min_tokens=4))
+    llm = make_llm(weights, warmup=True, max_num_seqs=4, max_num_batched_tokens=32, decode_buckets=[2, 4],
+                   prefill_buckets=[32], kernel_config=KernelConfig(cublas_min_tokens=4))
     assert llm.engine_config.decode_buckets[0] < 4 <= llm.engine_config.decode_buckets[-1]
     assert all(programs(cublas) > before[cublas] for cublas in (False, True))
-    params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9)
-              for i in range(len(prompts))]
+    options = [{}, dict(logprobs=2), dict(presence_penalty=0.5, min_p=0.1), dict(prompt_logprobs=1, top_k=5),
+               dict(n=2, repetition_penalty=1.2, top_p=0.9)]
     with compiles() as compiled:
+        params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9)
+                  for i in range(len(prompts))]
         llm.generate(prompts, params, use_tqdm=False)
+        params = [SamplingParams(**{"temperature": [0, 0.8][i % 2] if "n" not in o else 0.8, "seed": i,
+                                    "max_tokens": 6, **o}) for i, o in enumerate(options * 2)]
+        llm.generate(prompts[:len(params)], params, use_tqdm=False)
     assert compiled == []
-    assert llm.num_compiled == 3 * (len(llm.engine_config.decode_buckets) + len(llm.engine_config.prefill_buckets))
+    # 5 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the admission and page-copy programs
+    assert llm.num_compiled == 5 * (len(llm.engine_config.decode_buckets) + len(llm.engine_config.prefill_buckets)) + 2
 
 
 def test_async_dispatches_next_step_before_reading_previous(weights, prompts):

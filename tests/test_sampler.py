@@ -195,22 +195,27 @@ def test_lossless(name):
     assert 0.15 < (n_acc >= 1).mean() < 0.85  # drafts are sometimes right and sometimes wrong
 
 
-def test_lossless_joint_fixed_drafts():
-    # Whole emitted sequence: P(d0, d1, y) = p0(d0) p1(d1) p2(y), P(d0, y != d1) = p0(d0) p1(y), P(y != d0) = p0(y).
-    p = np.exp(LOGITS)
-    drafts = np.tile([[2, 1]], (N, 1))
-    tokens, n_acc = run(LOGITS, drafts, seeds=np.arange(N) + 77, positions=np.full(N, 123))
+def joint_pvalue(tokens, n_acc, d0: int, d1: int, p0, p1, p2) -> float:
+    """The whole emitted sequence for the fixed drafts (d0, d1), where p1 follows d0 and p2 follows (d0, d1):
+    P(d0, d1, y) = p0(d0) p1(d1) p2(y), P(d0, y != d1) = p0(d0) p1(y), P(y != d0) = p0(y)."""
     observed, expected = {}, {}
-    for y in range(V):
-        expected[(y,)] = p[0, y] * (y != 2)
-        expected[(2, y)] = p[0, 2] * p[1, y] * (y != 1)
-        expected[(2, 1, y)] = p[0, 2] * p[1, 1] * p[2, y]
+    for y in range(len(p0)):
+        expected[(y,)] = p0[y] * (y != d0)
+        expected[(d0, y)] = p0[d0] * p1[y] * (y != d1)
+        expected[(d0, d1, y)] = p0[d0] * p1[d1] * p2[y]
     for row, n in zip(tokens, n_acc):
         seq = tuple(row[: n + 1].tolist())
         observed[seq] = observed.get(seq, 0) + 1
     assert set(observed) <= set(expected)
     cells = list(expected)
-    assert chi2_pvalue([observed.get(c, 0) for c in cells], [expected[c] for c in cells]) > ALPHA
+    return chi2_pvalue([observed.get(c, 0) for c in cells], [expected[c] for c in cells])
+
+
+def test_lossless_joint_fixed_drafts():
+    p = np.exp(LOGITS)
+    drafts = np.tile([[2, 1]], (N, 1))
+    tokens, n_acc = run(LOGITS, drafts, seeds=np.arange(N) + 77, positions=np.full(N, 123))
+    assert joint_pvalue(tokens, n_acc, 2, 1, *p) > ALPHA
 
 
 def test_lossless_respects_num_valid():

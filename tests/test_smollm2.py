@@ -178,3 +178,26 @@ def test_shipped_head_speculates_losslessly(root, held_out_reference, method):
     assert [o.outputs[0].token_ids for o in outs] == held_out_reference
     assert llm.get_metrics()["mean_acceptance_length"] > 2.0
 
+
+
+def test_repetition_penalty_equals_transformers_generate(root, hf_model):
+    """Greedy with repetition_penalty=1.3 (CTRL's rule over prompt and output), speculating with the shipped
+    EAGLE head (fp32, CPU): token for token what transformers' generate(repetition_penalty=1.3) gives."""
+    from jaxspec import LLM, SamplingParams
+    from jaxspec.presets import ROOT
+
+    tok = AutoTokenizer.from_pretrained(root / "hf")
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=False) for p in PROMPTS]
+    spec = {"method": "eagle", "model": str(ROOT / "weights" / "eagle-smollm2-135m-instruct"),
+            "num_speculative_tokens": 3}
+    llm = LLM(str(root / "ckpt"), speculative_config=spec, dtype="float32", layer_loop="scan", max_model_len=256,
+              max_num_seqs=4, max_num_batched_tokens=256, decode_buckets=[4], prefill_buckets=[256], warmup=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=NEW_TOKENS, repetition_penalty=1.3), use_tqdm=False)
+    eos = hf_model.generation_config.eos_token_id
+    for out, p in zip(outs, prompts):
+        with torch.no_grad():
+            ref = hf_model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                    repetition_penalty=1.3)[0, len(p):]
+        assert out.outputs[0].token_ids == until_eos(ref.tolist(), eos), tok.decode(ref)

@@ -97,14 +97,15 @@ def test_spec_greedy_equals_tp1(weights, prompts, heads, reference, tp, draft_tp
 
 def test_no_compilation_during_generation_and_sampling_equals_tp1(weights, prompts, heads):
     """Caches and slot state come back with their input shardings, so every step after warmup hits the cache;
-    seeded sampling over the vocabulary-split logits gives TP = 1's tokens."""
+    seeded sampling over the vocabulary-split logits gives TP = 1's tokens, with processors and logprobs too."""
     params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9,
-                             ignore_eos=True) for i in range(len(prompts))]
+                             ignore_eos=True, presence_penalty=[0.0, 0.5][i // 4 % 2],
+                             logprobs=[None, 3][i // 4 % 2]) for i in range(len(prompts))]
     llm = make_llm(weights, speculative_config=spec(heads), tensor_parallel_size=2, warmup=True)
     with compiles() as compiled:
         runs = generate(llm, prompts, params)
     assert compiled == []
-    assert llm.num_compiled == 3 * 2
+    assert llm.num_compiled == 5 * 2 + 2  # 5 decode and 5 prefill modes of one bucket each; admission, page copy
     assert runs[True] == runs[False]
     assert runs[True] == generate(make_llm(weights, speculative_config=spec(heads)), prompts, params)[True]
 

@@ -4,7 +4,7 @@
   `LLM.from_weights(cfg, w)`: EAGLE and plain decoding share one copy on the device. Dummy runs pass `w=None`
   with `load_format="dummy"`: the LLM draws random weights, and a random head shaped like one target layer.
 - `compile_buckets` compiles every bucket for the one sampling mode the run uses (`ModelRunner.warmup` restricted
-  to it): a third of the start-up compile time.
+  to it): a fifth of the start-up compile time.
 - Async and sync runs share one LLM: `generate(async_scheduling=...)` picks the protocol per call.
 """
 
@@ -37,12 +37,14 @@ def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
     return sorted({b for b in sizes if 0 < b < limit} | {limit}) if sizes else None
 
 
-def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, log=None, k_values: list[int] | None = None) -> int:
-    """Compile every decode and prefill bucket in the one sampling mode the run uses, decode steps for every k its
-    speculation policy may pick (or `k_values`); `log(msg)` hears each program's compile time."""
+def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, extended: bool = False, log=None,
+                    k_values: list[int] | None = None) -> int:
+    """Compile every decode and prefill bucket in the one sampling mode the run uses (extended: logits processors
+    or logprobs), decode steps for every k its speculation policy may pick (or `k_values`); `log(msg)` hears each
+    program's compile time."""
     engine = llm.llm_engine
-    return engine.runner.warmup(modes=((all_greedy, filtered),), k_values=k_values or engine.spec_policy.choices,
-                                log=log)
+    return engine.runner.warmup(kinds=((all_greedy, filtered, extended, False),),
+                                k_values=k_values or engine.spec_policy.choices, log=log)
 
 
 def env_knobs() -> dict[str, str]:
@@ -101,18 +103,18 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
     host's time to dispatch one step onto an idle device (building its arrays and launching its kernels), which
     the engine must spend per step besides its own scheduling: a step whose device time is below it is host-bound
     however the host is scheduled."""
-    from jaxspec.engine.step import SlotState
-
     cfg = runner.cfg
     pages = cfg.pages_per_seq
     if B * pages > cfg.num_pages:
         raise ValueError(f"batch {B} at max_model_len {cfg.max_model_len} needs {B * pages} pages, "
                          f"the pool has {cfg.num_pages}")
     rng = np.random.default_rng(0)
-    state = SlotState(tokens=rng.integers(0, runner.vocab_size, (runner.num_slots + 1, 1 + runner.k), dtype=np.int32),
-                      seq_len=np.full((runner.num_slots + 1,), context, np.int32))
+    state = dataclasses.replace(
+        runner.state, tokens=rng.integers(0, runner.vocab_size, (runner.num_slots + 1, 1 + runner.k), dtype=np.int32),
+        seq_len=np.full((runner.num_slots + 1,), context, np.int32),
+        num_drafts=np.full((runner.num_slots + 1,), runner.k, np.int32))
     sharding = runner.spec.shardings
-    runner.state = jax.device_put(state, sharding.replicated if sharding else jax.devices()[0])
+    runner.state = jax.device_put(state, sharding.replicated if sharding else jax.local_devices()[0])
     slots = list(range(B))
     tables = np.full((runner.num_slots + 1, pages), -1, np.int32)
     tables[:B] = np.arange(B * pages, dtype=np.int32).reshape(B, pages)

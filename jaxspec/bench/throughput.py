@@ -77,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--top-p", type=float, default=1.0)
     w.add_argument("--top-k", type=int, default=0)
+    w.add_argument("--min-p", type=float, default=0.0)
+    w.add_argument("--presence-penalty", type=float, default=0.0)
+    w.add_argument("--frequency-penalty", type=float, default=0.0)
+    w.add_argument("--repetition-penalty", type=float, default=1.0)
+    w.add_argument("--min-tokens", type=int, default=0)
+    w.add_argument("--logprobs", type=int, metavar="N", help="top-N logprobs per output token (at most 20)")
     w.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on for random prompts, off for a dataset")
     w.add_argument("--seed", type=int, default=0)
@@ -96,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--decode-buckets", type=_ints, help="batch sizes to compile, e.g. 8,16,32,64,96")
     e.add_argument("--prefill-buckets", type=_ints, help="prefill token counts to compile, e.g. 256,1024,2048")
     e.add_argument("--engine-warmup", action="store_true",
-                   help="compile all three sampling modes (LLM(warmup=True)) instead of the one this run uses")
+                   help="compile every sampling mode (LLM(warmup=True)) instead of the one this run uses")
     e.add_argument("--no-warmup-compile", action="store_true", help=argparse.SUPPRESS)  # tests: compile on use
     compile_cache.add_argument(e)
     s = p.add_argument_group("sweep and reports")
@@ -207,12 +213,23 @@ def make_prompts(args, src: ModelSource, n: int) -> tuple[list[list[int]], str]:
         f"random token ids, {args.input_len} each"
 
 
+# the logits processors and logprobs a run may ask for: SamplingParams field -> its default (off)
+PROCESSOR_OPTIONS = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                     "min_tokens": 0, "logprobs": None}
+
+
+def processor_options(args) -> dict:
+    """The processor options this run turns on (SamplingParams keyword arguments)."""
+    args = args if isinstance(args, dict) else vars(args)
+    return {name: args.get(name, off) for name, off in PROCESSOR_OPTIONS.items() if args.get(name, off) != off}
+
+
 def sampling_params(args, n: int, max_tokens: int | None = None) -> list:
     """One SamplingParams per request with its own seed, so a request's tokens are the same in every run."""
     from jaxspec.sampling_params import SamplingParams
     return [SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                            max_tokens=max_tokens or args.max_tokens, ignore_eos=args.ignore_eos,
-                           seed=(args.seed * 1_000_003 + i) % 2**32) for i in range(n)]
+                           seed=(args.seed * 1_000_003 + i) % 2**32, **processor_options(args)) for i in range(n)]
 
 
 # ---- bookkeeping
@@ -316,7 +333,8 @@ def compare_outputs(outputs: dict, result: dict) -> None:
         if True in runs and False in runs:
             result["identical"][f"{n}/{mode}"] = identity(runs[True], runs[False])
         hf_run = hf.get("runs", {}).get(str(n))
-        meaningless = "synthetic" in mode or args["temperature"] > 0 or hf.get("random_weights")
+        meaningless = ("synthetic" in mode or args["temperature"] > 0 or hf.get("random_weights")
+                       or processor_options(args))
         if hf_run and not meaningless:
             ours = runs.get(True) or runs.get(False)
             pairs = [(o[:AGREE_TOKENS], h[:AGREE_TOKENS]) for o, h in zip(ours, hf_run["first_tokens"])]
@@ -377,6 +395,7 @@ def run(args) -> dict:
     knobs += [f"tp {args.tensor_parallel_size}"] if args.tensor_parallel_size > 1 else []
     knobs += [f"page {args.page_size}"] if args.page_size != 16 else []
     knobs += [f"{name}={val}" for name, val in env_knobs().items()]  # engine and compiler knobs
+    knobs += [f"{name.replace('_', ' ')} {val}" for name, val in processor_options(args).items()]
     label = args.label or " | ".join([src.label + (" (dummy weights)" if args.load_format == "dummy" else ""),
                                       " + ".join(m for m, _ in modes), prompt_source,
                                       f"out {args.max_tokens}", *knobs])
@@ -520,7 +539,8 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     if not args.engine_warmup and not args.no_warmup_compile:
         t0 = time.perf_counter()
         flags = sampler.batch_flags([args.temperature], [args.top_k], [args.top_p], cfg.vocab_size)
-        n = bench.guard(f"compile {label}", engine.compile_buckets, llm, *flags, log=bench.log)
+        n = bench.guard(f"compile {label}", engine.compile_buckets, llm, *flags, bool(processor_options(args)),
+                        log=bench.log)
         bench.log(f"compiled {n} programs in {time.perf_counter() - t0:.1f} s")
     bench.save()
     t0 = time.perf_counter()

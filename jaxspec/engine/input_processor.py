@@ -1,6 +1,11 @@
-"""A request's prompt and params -> a validated `Sequence`, or a ValueError naming the problem; nothing is queued.
+"""A request's prompt and params -> validated `Sequence`s (one per sample), or a ValueError naming the problem;
+nothing is queued.
 
 Prompts come as vLLM takes them: a string, a list of token ids, or a dict with `prompt` or `prompt_token_ids`.
+Checks that need the model run here: token ids against the vocabulary, logprobs against max_logprobs, bad words
+tokenized. Seeds: a request without one gets (LLM seed * 1_000_003 + admission index) mod 2^32, where the index
+advances by n per request; sample i of a request with seed s is seeded (s + i) mod 2^32, as vLLM seeds its
+child requests, so n samples equal n single requests with those seeds.
 """
 
 from __future__ import annotations
@@ -10,19 +15,29 @@ from typing import Any
 import numpy as np
 
 from jaxspec.engine.sequence import Sequence
+from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SlotSpec
 from jaxspec.sampling_params import SamplingParams
 
 
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded `seed`."""
+    return (seed + index) % 2**32
+
+
 class InputProcessor:
-    def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, seed: int):
+    def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, seed: int,
+                 eos_token_ids: set[int] = frozenset(), max_logprobs: int = 20):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.seed = seed
-        self._num_made = 0  # requests made so far: the default seed of each is derived from its index
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_logprobs = max_logprobs
+        self._num_made = 0  # samples made so far: the default seed of each request is derived from its index
 
     def process(self, request_id: str, prompt, params: SamplingParams | None) -> Sequence:
-        """Raises ValueError (no request prefix: the caller names the request)."""
+        """The request's first sample; all n are its `group`. Raises ValueError (no request prefix: the caller
+        names the request)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -30,9 +45,15 @@ class InputProcessor:
         text, ids = self._tokenize(prompt)
         params.validate()
         self._check(ids, params)
+        slot_spec = self._slot_spec(params) if params.needs_extended_step else None
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self._num_made) % 2**32
-        self._num_made += 1
-        return Sequence(request_id=request_id, prompt_token_ids=ids, params=params, seed=seed, prompt=text)
+        self._num_made += params.n
+        group: list[Sequence] = []
+        for i in range(params.n):
+            group.append(Sequence(request_id=request_id, prompt_token_ids=ids, params=params,
+                                  seed=sample_seed(seed, i), prompt=text, index=i, group=group,
+                                  slot_spec=slot_spec))
+        return group[0]
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -72,7 +93,45 @@ class InputProcessor:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, but max_model_len={self.max_model_len} leaves no "
                              "room to generate")
-        bad = [t for t in p.stop_token_ids if t >= self.vocab_size]
+        for name, values in (("stop_token_ids", p.stop_token_ids), ("logit_bias", list(p.logit_bias or ())),
+                             ("allowed_token_ids", p.allowed_token_ids or [])):
+            bad = [t for t in values if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"SamplingParams.{name} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        for name in ("logprobs", "prompt_logprobs"):
+            num = getattr(p, name)
+            num = self.vocab_size if num == -1 else num
+            if num is not None and num > self.max_logprobs:
+                raise ValueError(f"SamplingParams.{name}={num} is more than max_logprobs={self.max_logprobs} "
+                                 "(the LLM's max_logprobs argument)")
+
+    def _slot_spec(self, p: SamplingParams) -> SlotSpec:
+        stop_ids = sorted(set(p.stop_token_ids) | self.eos_token_ids) if p.min_tokens else []
+        return SlotSpec(dict(p.logit_bias or {}), p.allowed_token_ids, self._bad_words(p.bad_words), stop_ids)
+
+    def _bad_words(self, words: list[str]) -> list[list[int]]:
+        """vLLM's tokenization of bad words: each word as it is and with a leading space (when that gives another
+        first token and as many tokens), so a word is banned at the start of the text and after a space."""
+        if words and self.tokenizer is None:
+            raise ValueError("SamplingParams.bad_words need a tokenizer; this model has none")
+        seqs: list[list[int]] = []
+        for word in words:
+            for prefix in ("", " "):
+                ids = self.tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False)
+                if not ids:
+                    if not prefix:
+                        raise ValueError(f"SamplingParams.bad_words entry {word!r} tokenizes to no tokens")
+                    continue
+                if not prefix or (ids[0] != seqs[-1][0] and len(ids) == len(seqs[-1])):
+                    if len(ids) > MAX_BAD_WORD_TOKENS:
+                        raise ValueError(f"SamplingParams.bad_words entry {word!r} is {len(ids)} tokens; at most "
+                                         f"{MAX_BAD_WORD_TOKENS} are supported")
+                    seqs.append(ids)
+        if len(seqs) > MAX_BAD_WORDS:
+            raise ValueError(f"SamplingParams.bad_words make {len(seqs)} token sequences; at most {MAX_BAD_WORDS} "
+                             "are supported")
+        bad = [t for ids in seqs for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"SamplingParams.stop_token_ids {bad[:5]} are outside the vocabulary "
+            raise ValueError(f"SamplingParams.bad_words tokenize to ids {bad[:5]} outside the vocabulary "
                              f"[0, {self.vocab_size})")
+        return seqs

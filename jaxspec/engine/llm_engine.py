@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxspec.config import EngineConfig
+from jaxspec.engine import logprob_output
 from jaxspec.engine.block_manager import BlockManager
 from jaxspec.engine.input_processor import InputProcessor
 from jaxspec.engine.model_runner import ModelRunner, pick_bucket
@@ -108,7 +109,9 @@ class LLMEngine:
         self.spec_policy = spec_policy or SpecPolicy(self.k)
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens)
-        self.requests: dict[str, Sequence] = {}  # unfinished, plus finished ones whose final output is not out yet
+        # unfinished, plus finished ones whose final output is not out yet; a request's first sample (its `group`
+        # holds all n)
+        self.requests: dict[str, Sequence] = {}
         self.in_flight: deque[InFlightStep] = deque()
         self.spec_metrics = SpecMetrics(accepted_per_position=[0] * self.k)
         self.times = StepTimes()
@@ -140,24 +143,25 @@ class LLMEngine:
         if seq.request_id in self.requests:
             raise ValueError(f"request {seq.request_id!r}: a request with this id is already running")
         self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        for sample in seq.group:
+            self.scheduler.add(sample)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         """Finish these requests with finish_reason "abort" (unknown or finished ids are ignored, as in vLLM). They
         are never planned again; pages and slot go back once the steps in flight for them are read."""
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
-            seq = self.requests.get(rid)
-            if seq is not None and not seq.is_finished:
-                self.output_processor.finish(seq, "abort", None)
-                self.scheduler.finish(seq)
-                self._unreported.append(seq)
+            for seq in self.requests[rid].group if rid in self.requests else []:
+                if not seq.is_finished:
+                    self.output_processor.finish(seq, "abort", None)
+                    self.scheduler.finish(seq)
+                    self._unreported.append(seq)
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop finished requests whose final output nobody will read (a caller that gave up on them)."""
         ids = set(request_ids)
         for rid in ids:
             seq = self.requests.get(rid)
-            if seq is not None and seq.is_finished:
+            if seq is not None and seq.group_finished:
                 del self.requests[rid]
         self._unreported = [seq for seq in self._unreported if seq.request_id not in ids]
 
@@ -165,7 +169,7 @@ class LLMEngine:
         return bool(self.requests)
 
     def get_num_unfinished_requests(self) -> int:
-        return sum(not seq.is_finished for seq in self.requests.values())
+        return sum(not seq.group_finished for seq in self.requests.values())
 
     # ---- stepping
 
@@ -224,6 +228,7 @@ class LLMEngine:
     def _dispatch(self, plan: StepPlan) -> None:
         tables = self.block_manager.tables
         k = self.k
+        self.runner.copy_pages(plan.copies)  # parallel samples' prompt prefixes, before the prefill reads them
         if plan.prefill:
             self.spec_policy.reset_slots([c.seq.slot for c in plan.prefill if c.start == 0])
         if plan.decode:
@@ -247,17 +252,24 @@ class LLMEngine:
         return step.plan, step.k, prefill_np, decode_np
 
     def _commit(self, plan: StepPlan, k: int, prefill_np, decode_np) -> list[Sequence]:
-        if self.k and decode_np is not None:
-            self._count_acceptance(plan, k, decode_np)
-        return self.scheduler.commit(plan, prefill_np, decode_np)
+        prefill_lp = decode_lp = None
+        if prefill_np is not None:
+            prefill_np, prefill_lp, prompt_lp = logprob_output.split_prefill(prefill_np, self.cfg.max_prefill_seqs)
+            if prompt_lp is not None:
+                self.output_processor.add_prompt_logprobs(plan.prefill, prompt_lp)
+        if decode_np is not None:
+            decode_np, decode_lp = logprob_output.split_decode(decode_np, k)
+            if self.k:
+                self._count_acceptance(plan, k, decode_np)
+        return self.scheduler.commit(plan, prefill_np, decode_np, prefill_lp, decode_lp)
 
     def _outputs(self, touched: list[Sequence]) -> list[RequestOutput]:
         outputs = []
-        for seq in {id(s): s for s in touched}.values():  # a sequence may get tokens twice in one commit
+        for seq in {id(s.group[0]): s.group[0] for s in touched}.values():  # one output per request
             out = self.output_processor.make_output(seq)
             if out is not None:
                 outputs.append(out)
-            if seq.is_finished:
+            if seq.group_finished:
                 self.requests.pop(seq.request_id, None)
         return outputs
 
@@ -269,7 +281,7 @@ class LLMEngine:
         self._dirty = True
         self.in_flight.clear()
         self.runner.restore()
-        seqs = list(self.requests.values())
+        seqs = [sample for seq in self.requests.values() for sample in seq.group]
         self.scheduler.reset(seqs)
         reported = {id(s) for s in self._unreported}
         self._unreported += [s for s in seqs if s.is_finished and id(s) not in reported]

@@ -20,10 +20,32 @@ from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
-from jaxspec.engine.step import Caches, SlotState, StepSpec, decode_step, prefill_step, program
+from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+from jaxspec.engine.step import (COPY_PAGES, Caches, SlotState, StepSpec, admit_step, copy_pages_step, decode_step,
+                                 prefill_step, program, slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
+
+
+# A batch's kind: (all_greedy, filtered, extended, prompt_logprobs), from its rows (SamplingTable.batch) and, for
+# prefill, whether a chunk wants prompt logprobs. Each step maps it to few compiled variants: the extended decode
+# keeps only the filtered flag (greedy rows are handled per row), and the extended prefill always filters (its
+# sort covers R rows, not B * (k+1)). So a warm engine has 5 decode and 5 prefill variants per bucket.
+BatchKind = tuple[bool, bool, bool, bool]
+ALL_KINDS: tuple[BatchKind, ...] = ((True, False, False, False), (False, False, False, False),
+                                    (False, True, False, False), (False, False, True, False),
+                                    (False, True, True, False), (False, True, True, True))
+
+
+def decode_mode(kind: BatchKind) -> BatchKind:
+    all_greedy, filtered, extended, _ = kind
+    return (False, filtered, True, False) if extended else (all_greedy, filtered, False, False)
+
+
+def prefill_mode(kind: BatchKind) -> BatchKind:
+    all_greedy, filtered, extended, prompt_logprobs = kind
+    return (False, True, True, prompt_logprobs) if extended or prompt_logprobs else (all_greedy, filtered, False, False)
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -44,7 +66,7 @@ class ModelRunner:
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
-        self.state = SlotState.init(self.num_slots, self.k)
+        self.state = SlotState.init(self.num_slots, self.k, target_cfg.vocab_size)
         self.sampling = sampler.SamplingTable(self.num_slots, target_cfg.vocab_size)
         shardings = None
         if mesh is not None:
@@ -61,11 +83,15 @@ class ModelRunner:
             self.state = parallel.place(self.state, shardings.replicated)
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
-                             synthetic_acceptance=synthetic_acceptance, shardings=shardings)
-        # the step's static spec for each k <= K and sampling mode (all_greedy, filtered), built once
-        self._specs = {(k, g, f): dataclasses.replace(self.spec, num_speculative_tokens=k, all_greedy=g,
-                                                      filtered=f).canonical()
-                       for k in range(self.k + 1) for g in (True, False) for f in (True, False)}
+                             num_logprobs=min(cfg.max_logprobs, target_cfg.vocab_size),
+                             synthetic_acceptance=synthetic_acceptance, shardings=shardings).canonical()
+        # the step's static spec for each k <= K and mode (decode_mode / prefill_mode of a batch kind), built once
+        self._specs = {(k, mode): dataclasses.replace(self.spec, num_speculative_tokens=k, all_greedy=mode[0],
+                                                      filtered=mode[1], extended=mode[2],
+                                                      prompt_logprobs=mode[3]).canonical()
+                       for k in range(self.k + 1)
+                       for mode in {f(kind) for kind in ALL_KINDS for f in (decode_mode, prefill_mode)}}
+        self.num_prefill_tokens = 0  # prompt (and recomputed) tokens run through prefill so far
         self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
         self.caches = self._new_caches()
         if mesh is None:
@@ -75,7 +101,7 @@ class ModelRunner:
                 (self.tw, self.dw, self.caches, self.state), jax.local_devices()[0])
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
-        self._called: set[tuple] = set()  # (step, bucket, all_greedy, filtered) of the programs called so far
+        self._called: set[tuple] = set()  # (step, bucket, k, mode) of the programs called so far
 
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
@@ -96,17 +122,19 @@ class ModelRunner:
             if self._shardings is None:
                 self.caches = jax.device_put(self.caches, jax.local_devices()[0])
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
-            self.state = SlotState.init(self.num_slots, self.k)
+            self.state = SlotState.init(self.num_slots, self.k, self.vocab_size)
             self.state = (jax.device_put(self.state, jax.local_devices()[0]) if self._shardings is None
                           else parallel.place(self.state, self._shardings.replicated))
 
     # ---- building the host arrays
 
-    def _sampling(self, slots: np.ndarray, k: int) -> tuple[np.ndarray, StepSpec]:
-        """Packed sampling params of these slots (padding rows all zero: greedy) and the step's spec: its k and
-        sampling mode."""
+    def _sampling(self, slots: np.ndarray, step: Callable, k: int,
+                  prompt_logprobs: bool = False) -> tuple[np.ndarray, StepSpec]:
+        """Packed sampling params of these slots (padding rows all zero: greedy) and the spec of `step` with k
+        drafts for the batch's kind."""
         packed, flags = self.sampling.batch(slots)
-        return packed, self._specs[(k, *flags)]
+        kind = flags + (prompt_logprobs,)
+        return packed, self._specs[(k, decode_mode(kind) if step is decode_step else prefill_mode(kind))]
 
     def _slots(self, used: list[int], rows: int) -> np.ndarray:
         """`used` padded to `rows` with the padding slot."""
@@ -120,9 +148,10 @@ class ModelRunner:
         """Call a jitted step on bucket `size` (rows to decode, tokens to prefill), keeping the donated caches and
         state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
         logged (`log`, default the jaxspec logger)."""
-        tokens = size * (self.k + 1) if step is decode_step else size
+        k = spec.num_speculative_tokens
+        tokens = size * (k + 1) if step is decode_step else size
         fn = program(step, tokens, spec)
-        key = (step.__name__, size, spec.num_speculative_tokens, spec.all_greedy, spec.filtered)
+        key = (step.__name__, size, k, spec.all_greedy, spec.filtered, spec.extended, spec.prompt_logprobs)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
@@ -132,20 +161,22 @@ class ModelRunner:
             if fn._cache_size() > programs:
                 jax.block_until_ready(out)
                 mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
-                (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} "
-                                     f"(k={spec.num_speculative_tokens}, {mode}) in {time.perf_counter() - t0:.1f} s")
+                mode += ", processors + logprobs" if spec.extended else ""
+                mode += ", prompt logprobs" if spec.prompt_logprobs else ""
+                (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} (k={k}, {mode}) "
+                                     f"in {time.perf_counter() - t0:.1f} s")
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
 
     def decode(self, slots: list[int], tables: np.ndarray, k: int | None = None) -> jax.Array:
         """Dispatch one verify+draft step with k drafts (default K) for the sequences in these slots; `tables`
-        [slots + 1, pages] holds every slot's block table. Returns out [B, k+2] (the first len(slots) rows are
-        theirs)."""
+        [slots + 1, pages] holds every slot's block table. Returns out [B, k+2 (+ logprob columns)] (the first
+        len(slots) rows are theirs)."""
         B = pick_bucket(self.cfg.decode_buckets, len(slots))
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
-        sampling, spec = self._sampling(slots, self.k if k is None else k)
+        sampling, spec = self._sampling(slots, decode_step, self.k if k is None else k)
         return self._run(decode_step, B, spec, rows, sampling)
 
     def prefill(self, chunks: list[PrefillChunk], tables: np.ndarray) -> jax.Array:
@@ -154,7 +185,8 @@ class ModelRunner:
         N = pick_bucket(self.cfg.prefill_buckets, n_tokens)
         R = self.cfg.max_prefill_seqs
         for c in chunks:  # the slot's sampling params, for this and every later step of the sequence
-            self.sampling.set(c.seq.slot, c.seq.params, c.seq.seed)
+            self.sampling.set(c.seq.slot, c.seq.params, c.seq.seed, len(c.seq.prompt_token_ids))
+        self._admit([c for c in chunks if c.start == c.seq.num_copied and c.seq.params.needs_extended_step])
         slots = self._slots([c.seq.slot for c in chunks], R)
         tok = np.zeros((N, 4), np.int32)
         tok[:, 2] = -1  # padding tokens belong to no row
@@ -173,29 +205,63 @@ class ModelRunner:
             tok[at:at + c.length, 3] = np.arange(c.start, end)
             rows[r, 1:3] = (at + c.length - 1, int(c.is_last))
             at += c.length
-        sampling, spec = self._sampling(slots, self.k)  # a prompt's first drafts: all K
+        self.num_prefill_tokens += n_tokens
+        # a prompt's first drafts: all K
+        sampling, spec = self._sampling(slots, prefill_step, self.k, any(c.wants_prompt_logprobs for c in chunks))
         return self._run(prefill_step, N, spec, tok, rows, sampling)
 
-    def warmup(self, modes: tuple[tuple[bool, bool], ...] = ((True, False), (False, False), (False, True)),
-               k_values: list[int] | None = None, log=None) -> int:
-        """Compile every bucket in each sampling mode (all_greedy, filtered): by default greedy, random, and random
-        with top-k/top-p, so that generation never compiles; decode steps for each of `k_values` (default [K]).
-        Each program's time is logged (`log`). Returns the number of compiled variants."""
-        P, R, C = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS)
+    def _admit(self, chunks: list[PrefillChunk]) -> None:
+        """Set the processor state of the slots of extended requests that start prefilling now (one dispatch,
+        before the prefill)."""
+        if not chunks:
+            return
+        R, V = self.cfg.max_prefill_seqs, self.vocab_size
+        slots = np.full((R, 2), self.num_slots, np.int32)
+        bias = np.zeros((R, V), np.float32)
+        stop = np.zeros((R, V), bool)
+        bad = np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
+        for r, c in enumerate(chunks):
+            slots[r] = (c.seq.slot, c.seq.prompt_mask_from if c.seq.prompt_mask_from >= 0 else self.num_slots)
+            bias[r], stop[r], bad[r] = c.seq.slot_spec.rows(V)
+        self.state = slot_program(admit_step)(self.state, slots, bias, stop, bad, spec=self.spec)
+
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy KV pages (source, destination) in both caches, COPY_PAGES per dispatch."""
+        for i in range(0, len(pairs), COPY_PAGES):
+            pages = np.full((COPY_PAGES, 2), -1, np.int32)
+            pages[:len(pairs[i:i + COPY_PAGES])] = pairs[i:i + COPY_PAGES]
+            self.caches = slot_program(copy_pages_step)(self.caches, pages, spec=self.spec)
+
+    def warmup(self, kinds: tuple[BatchKind, ...] = ALL_KINDS, k_values: list[int] | None = None, log=None) -> int:
+        """Compile every bucket for each batch kind (all_greedy, filtered, extended, prompt_logprobs), by default
+        every kind a batch can be, so that generation never compiles; decode steps for each of `k_values`
+        (default [K]); the admission program too with an extended kind, and the page copy (parallel samples)
+        always. Each step program's time is logged (`log`). Returns the number of compiled programs."""
+        P, R, C, S = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS), self.num_slots
         count, out = 0, None
-        for mode in modes:
+        for mode in sorted({decode_mode(kind) for kind in kinds}):
             for k in k_values or [self.k]:
                 for B in self.cfg.decode_buckets:
-                    out = self._run(decode_step, B, self._specs[(k, *mode)], *self._idle_decode(B), log=log)
+                    out = self._run(decode_step, B, self._specs[(k, mode)], *self._idle_decode(B), log=log)
                     count += 1
+        for mode in sorted({prefill_mode(kind) for kind in kinds}):
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
                 tok[:, 2] = -1
                 rows = np.full((R, 3 + P), -1, np.int32)
-                rows[:, 0] = self.num_slots
-                out = self._run(prefill_step, N, self._specs[(self.k, *mode)], tok, rows, np.zeros((R, C), np.uint32),
+                rows[:, 0] = S
+                out = self._run(prefill_step, N, self._specs[(self.k, mode)], tok, rows, np.zeros((R, C), np.uint32),
                                 log=log)
                 count += 1
+        if any(kind[2] for kind in kinds):
+            V, shape = self.vocab_size, (MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS)
+            self.state = slot_program(admit_step)(self.state, np.full((R, 2), S, np.int32),
+                                                  np.zeros((R, V), np.float32), np.zeros((R, V), bool),
+                                                  np.full((R,) + shape, -1, np.int32), spec=self.spec)
+            count += 1
+        self.caches = slot_program(copy_pages_step)(self.caches, np.full((COPY_PAGES, 2), -1, np.int32),
+                                                    spec=self.spec)
+        count += 1
         if out is not None:
             jax.block_until_ready(out)
         return count
@@ -211,9 +277,10 @@ class ModelRunner:
         runs them (host dispatch included): the step-time model of the dynamic speculation policy. Compiles what it
         times. The rows are padding, so attention reads no context: at long contexts real steps are slower."""
         times = {}
+        greedy = decode_mode((True, False, False, False))
         for B in self.cfg.decode_buckets:
             for k in k_values:
-                spec = self._specs[(k, True, False)]
+                spec = self._specs[(k, greedy)]
                 out = None
                 for _ in range(2):  # compile, then a warm run
                     out = self._run(decode_step, B, spec, *self._idle_decode(B))

@@ -1,21 +1,38 @@
 """Committed tokens -> a request's state and outputs: stop rules, incremental detokenization, RequestOutput.
 
 Stop rules truncate exactly: a step may emit up to k+1 tokens, and everything after the first stop (EOS, a stop
-token id, a stop string, max_tokens or max_model_len) is dropped, so the user never sees the overshoot.
+token id, a stop string, max_tokens or max_model_len) is dropped, so the user never sees the overshoot; so are
+their logprobs.
 
 Text is kept current while a request runs only where something needs it: stop strings, and outputs that are not
 FINAL_ONLY (streaming). Otherwise it is decoded once, as the request finishes (in async mode while the device
-runs the next step). Streamed text never splits a UTF-8 character and holds back the last characters that could
-still begin a stop string, so the deltas of a request always add up to its final text.
+runs the next step). detokenize=False makes no text at all. Streamed text never splits a UTF-8 character and
+holds back the last characters that could still begin a stop string (unless include_stop_str_in_output), so the
+deltas of a request always add up to its final text. skip_special_tokens and spaces_between_special_tokens go to
+the tokenizer's decode (the latter matters only for slow tokenizers, as in vLLM).
+
+A request with n samples gives one RequestOutput with a CompletionOutput per sample (index 0..n-1): FINAL_ONLY
+all of them once every sample is done, CUMULATIVE all of them at each output, DELTA those with something new.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import numpy as np
+
+from jaxspec.engine import logprob_output
+from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.sequence import Sequence, Status
-from jaxspec.outputs import CompletionOutput, RequestOutput
+from jaxspec.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxspec.sampling_params import RequestOutputKind
+
+
+def _decode(tokenizer: Any, seq: Sequence, ids: list[int]) -> str:
+    p = seq.params
+    return tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens,
+                            spaces_between_special_tokens=p.spaces_between_special_tokens)
 
 
 def detokenize_incrementally(tokenizer: Any, seq: Sequence) -> str:
@@ -23,8 +40,8 @@ def detokenize_incrementally(tokenizer: Any, seq: Sequence) -> str:
     window twice so that multi-token characters and merges come out right; nothing while a character is
     incomplete)."""
     ids = seq.output_token_ids
-    prefix = tokenizer.decode(ids[seq.prefix_offset:seq.read_offset], skip_special_tokens=True)
-    text = tokenizer.decode(ids[seq.prefix_offset:], skip_special_tokens=True)
+    prefix = _decode(tokenizer, seq, ids[seq.prefix_offset:seq.read_offset])
+    text = _decode(tokenizer, seq, ids[seq.prefix_offset:])
     if len(text) > len(prefix) and not text.endswith("\ufffd"):
         seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
         return text[len(prefix):]
@@ -34,8 +51,8 @@ def detokenize_incrementally(tokenizer: Any, seq: Sequence) -> str:
 def _pending_text(tokenizer: Any, seq: Sequence) -> str:
     """The text of tokens `detokenize_incrementally` still holds back (an unfinished character at the end)."""
     ids = seq.output_token_ids
-    prefix = tokenizer.decode(ids[seq.prefix_offset:seq.read_offset], skip_special_tokens=True)
-    return tokenizer.decode(ids[seq.prefix_offset:], skip_special_tokens=True)[len(prefix):]
+    prefix = _decode(tokenizer, seq, ids[seq.prefix_offset:seq.read_offset])
+    return _decode(tokenizer, seq, ids[seq.prefix_offset:])[len(prefix):]
 
 
 class OutputProcessor:
@@ -44,13 +61,27 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
 
+    def _has_text(self, seq: Sequence) -> bool:
+        return self.tokenizer is not None and seq.params.detokenize
+
     def live_text(self, seq: Sequence) -> bool:
         """Whether the text is decoded as tokens arrive (else once, at the finish)."""
         p = seq.params
-        return self.tokenizer is not None and (bool(p.stop) or p.output_kind is not RequestOutputKind.FINAL_ONLY)
+        return self._has_text(seq) and (bool(p.stop) or p.output_kind is not RequestOutputKind.FINAL_ONLY)
 
-    def append_tokens(self, seq: Sequence, tokens: list[int]) -> None:
-        """Append tokens one by one until a stop rule fires; the rest are discarded."""
+    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: np.ndarray | None = None) -> None:
+        """Append tokens one by one until a stop rule fires; the rest are discarded, and so are their rows of
+        logprobs [len(tokens), W] (the step's logprob columns, extended steps)."""
+        now = time.time()
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        seq.metrics.last_token_time = now
+        start = len(seq.output_token_ids)
+        self._append(seq, tokens)
+        if seq.params.logprobs is not None:  # one block per step: per-token work waits for an output to need it
+            seq.logprob_rows.append(logprobs[:len(seq.output_token_ids) - start])
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
         p = seq.params
         live = self.live_text(seq)
         for t in tokens:
@@ -65,44 +96,117 @@ class OutputProcessor:
                     seq.num_tokens >= self.max_model_len:
                 return self.finish(seq, "length", None)
 
+    def add_prompt_logprobs(self, chunks: list[PrefillChunk], rows: np.ndarray) -> None:
+        """A prefill's prompt logprob rows [N, W] (row t: the token after flat token t) for the chunks that want
+        them; each prompt token's row is kept once (a preempted request's recompute is ignored)."""
+        at = 0
+        for c in chunks:
+            seq, prompt_len = c.seq, len(c.seq.prompt_token_ids)
+            if c.wants_prompt_logprobs:
+                for p in range(c.start, min(c.start + c.length, prompt_len - 1)):
+                    if p == len(seq.prompt_logprob_rows):  # scores prompt token p + 1
+                        seq.prompt_logprob_rows.append(rows[at + p - c.start])
+            at += c.length
+
     def _extend_text(self, seq: Sequence) -> bool:
-        """Decode the new token into seq.text; True if that completed a stop string (the request is finished)."""
+        """Decode the new token into seq.text; True if that completed a stop string (the request is finished).
+        Stop strings count only once the output is longer than min_tokens (vLLM)."""
         old_len = len(seq.text)
         seq.text += detokenize_incrementally(self.tokenizer, seq)
+        if len(seq.output_token_ids) <= seq.params.min_tokens:
+            return False
         for stop in seq.params.stop:
             at = seq.text.find(stop, max(0, old_len - len(stop) + 1))
-            if at >= 0:
-                seq.text = seq.text[:at]  # the stop string itself is not returned (vLLM's default)
+            if at >= 0:  # the stop string itself is returned only with include_stop_str_in_output (vLLM)
+                seq.text = seq.text[:at + len(stop) if seq.params.include_stop_str_in_output else at]
                 self.finish(seq, "stop", stop)
                 return True
         return False
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason
-        if self.tokenizer is None:
+        seq.metrics.finished_time = time.time()
+        if not self._has_text(seq):
             return
         if not self.live_text(seq):
-            seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+            seq.text = _decode(self.tokenizer, seq, seq.output_token_ids)
         elif stop_reason is None or isinstance(stop_reason, int):  # not cut at a stop string: flush the tail
             seq.text += _pending_text(self.tokenizer, seq)
 
     def make_output(self, seq: Sequence) -> RequestOutput | None:
-        """The request's output for this step under its output_kind, or None when there is nothing to report."""
-        kind = seq.params.output_kind
-        finished = seq.is_finished
+        """The output of seq's request (all its samples) for this step under its output_kind, or None when there
+        is nothing to report."""
+        group, kind = seq.group, seq.params.output_kind
+        finished = all(s.is_finished for s in group)
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
+        completions = [c for c in map(self._completion, group) if c is not None]
+        if not completions:
+            return None
+        lead = group[0]
+        prompt_logprobs = None
+        if lead.params.prompt_logprobs is not None and (kind is not RequestOutputKind.DELTA or not lead.num_outputs):
+            prompt_logprobs = self._prompt_logprobs(lead)  # (streamed: in the first output only, as in vLLM)
+        lead.num_outputs += 1
+        return RequestOutput(lead.request_id, lead.prompt, lead.prompt_token_ids, prompt_logprobs, completions,
+                             finished, metrics=_request_metrics(group))
+
+    def _completion(self, seq: Sequence) -> CompletionOutput | None:
+        kind, p = seq.params.output_kind, seq.params
+        finished = seq.is_finished
         # while running, hold back what could still turn out to begin a stop string
-        hold = 0 if finished else max((len(s) - 1 for s in seq.params.stop), default=0)
+        hold = 0 if finished or p.include_stop_str_in_output else max((len(s) - 1 for s in p.stop), default=0)
         text_end = max(len(seq.text) - hold, seq.num_returned_chars)
-        if kind is RequestOutputKind.DELTA:
-            text = seq.text[seq.num_returned_chars:text_end]
-            token_ids = seq.output_token_ids[seq.num_returned_tokens:]
-            if not (text or token_ids or finished):
-                return None
-        else:
-            text, token_ids = seq.text[:text_end], list(seq.output_token_ids)
+        start_token = seq.num_returned_tokens if kind is RequestOutputKind.DELTA else 0
+        start_char = seq.num_returned_chars if kind is RequestOutputKind.DELTA else 0
+        text, token_ids = seq.text[start_char:text_end], seq.output_token_ids[start_token:]
+        if kind is RequestOutputKind.DELTA and not (text or token_ids or (finished and not seq.finish_returned)):
+            return None
         seq.num_returned_chars, seq.num_returned_tokens = text_end, len(seq.output_token_ids)
-        completion = CompletionOutput(0, text, token_ids, finish_reason=seq.finish_reason,
-                                      stop_reason=seq.stop_reason)
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion], finished)
+        seq.finish_returned = finished
+        logprobs = cumulative = None
+        if p.logprobs is not None:
+            rows = _merged(seq.logprob_rows)
+            logprobs = self._sample_logprobs(seq, rows)[start_token:]
+            cumulative = float(rows[:, 0].view(np.float32).sum(dtype=np.float64))
+        return CompletionOutput(seq.index, text, list(token_ids), cumulative, logprobs, seq.finish_reason,
+                                seq.stop_reason)
+
+    def _token_text(self, seq: Sequence):
+        return (lambda t: self.tokenizer.decode([t])) if self._has_text(seq) else None
+
+    def _sample_logprobs(self, seq: Sequence, rows: np.ndarray) -> list:
+        """vLLM's dicts for every output token so far (each made once) from their rows [tokens, W]."""
+        decode = self._token_text(seq)
+        for i in range(len(seq.logprobs), len(seq.output_token_ids)):
+            seq.logprobs.append(logprob_output.position_logprobs(seq.output_token_ids[i], rows[i],
+                                                                 seq.params.logprobs, decode))
+        return seq.logprobs
+
+    def _prompt_logprobs(self, seq: Sequence) -> list:
+        """[None, then a dict per prompt token after the first] (made once)."""
+        if seq.prompt_logprobs is None:
+            decode, ids = self._token_text(seq), seq.prompt_token_ids
+            seq.prompt_logprobs = [None] + [
+                logprob_output.position_logprobs(ids[i + 1], row, seq.params.prompt_logprobs, decode)
+                for i, row in enumerate(seq.prompt_logprob_rows)]
+        return seq.prompt_logprobs
+
+
+def _merged(blocks: list[np.ndarray]) -> np.ndarray:
+    """The blocks of logprob rows as one [tokens, W] array, kept merged in the list."""
+    if len(blocks) != 1:
+        blocks[:] = [np.concatenate(blocks) if blocks else np.zeros((0, 2), np.int32)]
+    return blocks[0]
+
+
+def _request_metrics(group: list[Sequence]) -> RequestMetrics:
+    """One request's times over its samples: the first arrival, schedule and token, the last token and finish."""
+    ms = [s.metrics for s in group]
+    first = lambda name: min((v for v in (getattr(m, name) for m in ms) if v is not None), default=None)  # noqa
+    last = lambda name: max((v for v in (getattr(m, name) for m in ms) if v is not None), default=None)  # noqa
+    arrival, scheduled = first("arrival_time"), first("first_scheduled_time")
+    finished = last("finished_time") if all(m.finished_time is not None for m in ms) else None
+    return RequestMetrics(arrival_time=arrival, last_token_time=last("last_token_time"),
+                          first_scheduled_time=scheduled, first_token_time=first("first_token_time"),
+                          time_in_queue=None if scheduled is None else scheduled - arrival, finished_time=finished)

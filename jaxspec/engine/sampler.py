@@ -24,17 +24,22 @@ def greedy(logits: jax.Array) -> jax.Array:
 
 
 def filter_probs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-                 filtered: bool = True) -> jax.Array:
+                 filtered: bool = True, min_p: jax.Array | None = None) -> jax.Array:
     """The target's sampling distribution p [B, T, V] fp32 for logits [B, T, V].
 
-    softmax(logits / temperature), restricted to the top_k tokens (0 or >= V: off), then to the nucleus (the
-    smallest set whose renormalized mass is >= top_p; 1.0: off), renormalized. Rows with temperature 0 get a
-    one-hot at the argmax. temperature/top_p [B] fp32, top_k [B] int32. `filtered` is static: False when no row
-    uses top-k/top-p, which skips the sort over the vocabulary (the expensive part at V = 128k).
+    softmax(logits / temperature), restricted to the tokens with at least min_p times the most likely one's
+    probability (min_p [B] fp32, None: off), then to the top_k tokens (0 or >= V: off), then to the nucleus (the
+    smallest set whose renormalized mass is >= top_p; 1.0: off), renormalized (vLLM's order). Rows with
+    temperature 0 get a one-hot at the argmax. temperature/top_p [B] fp32, top_k [B] int32. `filtered` is
+    static: False when no row uses top-k/top-p, which skips the sort over the vocabulary (the expensive part at
+    V = 128k).
     """
     is_greedy = (temperature <= 0)[:, None, None]  # [B, 1, 1]
     t = jnp.where(temperature > 0, temperature, 1.0)[:, None, None]
     probs = jax.nn.softmax(logits.astype(jnp.float32) / t, axis=-1)  # [B, T, V]
+    if min_p is not None:
+        kept = jnp.where(probs >= min_p[:, None, None] * jnp.max(probs, axis=-1, keepdims=True), probs, 0.0)
+        probs = kept / jnp.sum(kept, axis=-1, keepdims=True)
     if filtered:
         probs = _top_k_top_p(probs, top_k, top_p)
     one_hot = jax.nn.one_hot(greedy(logits), logits.shape[-1], dtype=jnp.float32)
@@ -82,23 +87,32 @@ def rejection_sample(target_logits: jax.Array, drafts: jax.Array, num_valid: jax
     """
     B, K1, V = target_logits.shape
     k = K1 - 1
+    if not all_greedy:
+        probs = filter_probs(target_logits, temperature, top_k, top_p, filtered)  # [B, k+1, V]
+        return accept(probs, drafts, num_valid, seeds, positions)
     num_valid = jnp.clip(num_valid, 0, k)
     drafts = jnp.clip(drafts.astype(jnp.int32), 0, V - 1)  # padding drafts are never accepted (num_valid)
-    if all_greedy:
-        target = greedy(target_logits)  # [B, k+1]
-        accepted = drafts == target[:, :k]  # [B, k]
-    else:
-        probs = filter_probs(target_logits, temperature, top_k, top_p, filtered)  # [B, k+1, V]
-        keys = token_keys(seeds, positions[:, None] + jnp.arange(K1, dtype=jnp.int32))  # [B, k+1]
-        p_draft = jnp.take_along_axis(probs[:, :k], drafts[..., None], axis=-1)[..., 0]  # [B, k]: p(x)
-        u = _uniform(keys[:, :k])  # [B, k] in [0, 1), from the key at the draft's own position
-        accepted = u < p_draft  # p(x) = 1 always accepts, p(x) = 0 never does
-    accepted &= jnp.arange(k) < num_valid[:, None]
+    target = greedy(target_logits)  # [B, k+1]
+    accepted = (drafts == target[:, :k]) & (jnp.arange(k) < num_valid[:, None])  # [B, k]
     n_acc = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # leading run of accepts
-    if all_greedy:
-        last = jnp.take_along_axis(target, n_acc[:, None], axis=1)[:, 0]
-    else:
-        last = _sample_last(probs, drafts, n_acc, num_valid, keys)
+    last = jnp.take_along_axis(target, n_acc[:, None], axis=1)[:, 0]
+    return _emit(drafts, n_acc, last), n_acc
+
+
+def accept(probs: jax.Array, drafts: jax.Array, num_valid: jax.Array, seeds: jax.Array,
+           positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`rejection_sample` against the target distribution p = probs [B, k+1, V] (filter_probs' output: one-hot
+    rows are greedy rows). Same arguments and results."""
+    B, K1, V = probs.shape
+    k = K1 - 1
+    num_valid = jnp.clip(num_valid, 0, k)
+    drafts = jnp.clip(drafts.astype(jnp.int32), 0, V - 1)  # padding drafts are never accepted (num_valid)
+    keys = token_keys(seeds, positions[:, None] + jnp.arange(K1, dtype=jnp.int32))  # [B, k+1]
+    p_draft = jnp.take_along_axis(probs[:, :k], drafts[..., None], axis=-1)[..., 0]  # [B, k]: p(x)
+    u = _uniform(keys[:, :k])  # [B, k] in [0, 1), from the key at the draft's own position
+    accepted = (u < p_draft) & (jnp.arange(k) < num_valid[:, None])  # p(x) = 1 always accepts, 0 never does
+    n_acc = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # leading run of accepts
+    last = _sample_last(probs, drafts, n_acc, num_valid, keys)
     return _emit(drafts, n_acc, last), n_acc
 
 
@@ -131,23 +145,35 @@ def _emit(drafts, n_acc, last) -> jax.Array:
 
 # Per-row sampling params travel as one [B, C] uint32 array (each jit argument leaf costs host time): the host
 # keeps a structured row per slot (SamplingTable) whose bytes are that array, and the device bitcasts each
-# column back. COLUMNS is the one definition of the layout.
+# column back. COLUMNS is the one definition of the layout. The columns after seed are read only by the extended
+# step (engine/processors.py); `extended` is 1 for a request whose slot's processor state is its own.
 COLUMNS: tuple[tuple[str, type], ...] = (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
-                                         ("seed", np.uint32))
+                                         ("seed", np.uint32), ("presence_penalty", np.float32),
+                                         ("frequency_penalty", np.float32), ("repetition_penalty", np.float32),
+                                         ("min_p", np.float32), ("min_tokens", np.int32), ("prompt_len", np.int32),
+                                         ("extended", np.uint32))
 ROW_DTYPE = np.dtype(list(COLUMNS))
 
 
-def pack_params(temperature, top_k, top_p, seeds) -> np.ndarray:
-    """Per-row params (sequences of length B) -> [B, C] uint32, the layout of COLUMNS (tests and tools)."""
+def pack_params(temperature, top_k, top_p, seeds, **columns) -> np.ndarray:
+    """Per-row params (sequences of length B) -> [B, C] uint32, the layout of COLUMNS; columns not given are 0
+    (tests and tools)."""
     rows = np.zeros(len(seeds), ROW_DTYPE)
     rows["temperature"], rows["top_k"], rows["top_p"], rows["seed"] = temperature, top_k, top_p, seeds
+    for name, values in columns.items():
+        rows[name] = values
     return rows.view(np.uint32).reshape(len(rows), -1)
+
+
+def column(packed: jax.Array, name: str) -> jax.Array:
+    """One column of a packed [B, C] array as its own dtype [B] (jittable)."""
+    i = [n for n, _ in COLUMNS].index(name)
+    return jax.lax.bitcast_convert_type(packed[:, i], jnp.dtype(COLUMNS[i][1]))
 
 
 def unpack_params(packed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """[B, C] uint32 -> temperature [B] fp32, top_k [B] int32, top_p [B] fp32, seeds [B] uint32 (jittable)."""
-    cols = [jax.lax.bitcast_convert_type(packed[:, i], jnp.dtype(dtype)) for i, (_, dtype) in enumerate(COLUMNS)]
-    return tuple(cols)
+    return tuple(column(packed, name) for name in ("temperature", "top_k", "top_p", "seed"))
 
 
 def batch_flags(temperature, top_k, top_p, vocab_size: int) -> tuple[bool, bool]:
@@ -166,11 +192,13 @@ class SamplingTable:
         self.rows = np.zeros(num_slots + 1, ROW_DTYPE)
         self.vocab_size = vocab_size
 
-    def set(self, slot: int, params, seed: int) -> None:
-        self.rows[slot] = (params.temperature, params.top_k, params.top_p, seed)
+    def set(self, slot: int, params, seed: int, prompt_len: int) -> None:
+        self.rows[slot] = (params.temperature, params.top_k, params.top_p, seed, params.presence_penalty,
+                           params.frequency_penalty, params.repetition_penalty, params.min_p, params.min_tokens,
+                           prompt_len, params.needs_extended_step)
 
-    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool]]:
-        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered))."""
+    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool, bool]]:
+        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered, extended))."""
         rows = self.rows[slots]
         flags = batch_flags(rows["temperature"], rows["top_k"], rows["top_p"], self.vocab_size)
-        return rows.view(np.uint32).reshape(len(rows), -1), flags
+        return rows.view(np.uint32).reshape(len(rows), -1), flags + (bool(rows["extended"].any()),)

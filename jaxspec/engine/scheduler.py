@@ -6,10 +6,18 @@ lengths when a step is committed, one step late. A request that finished in step
 step's tokens for it are dropped at commit. A finished or aborted request leaves the queues at once, but keeps its
 pages and slot until the last dispatched step that uses them is committed: plans made before the finish (sync mode
 plans N+1 before committing N) can still run it with the tables they were made with.
+
+Parallel samples (SamplingParams.n): the first sample prefills the prompt like any request. Each other sample
+waits until that prompt is planned, then takes a slot and its own pages, gets the prefix [0, P-1) copied into
+them on the device (StepPlan.copies, dispatched before the step's prefill) and prefills only the prompt's last
+token, which samples its first token with its own seed and starts its own drafts. So the prompt is prefilled
+once (plus one token per further sample). A sample whose first sample can no longer share (finished and freed)
+prefills the whole prompt itself, as does one recomputed after preemption.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,6 +34,13 @@ class PrefillChunk:
     length: int
     is_last: bool  # the chunk ends the prompt: the step samples the first new token
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether this chunk scores prompt tokens the sequence has no logprobs for yet (position p scores p + 1)."""
+        seq = self.seq
+        return (seq.params.prompt_logprobs is not None and self.start < len(seq.prompt_token_ids) - 1
+                and self.start + self.length > len(seq.prompt_logprob_rows))
+
 
 @dataclass
 class StepPlan:
@@ -34,6 +49,7 @@ class StepPlan:
     # the decode rows' slots when planned: a commit before the dispatch (sync mode) may release a finished
     # sequence's slot while the plan still runs it once more
     decode_slots: list[int] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # KV pages (source, destination) to copy first
 
     def __bool__(self) -> bool:
         return bool(self.prefill or self.decode)
@@ -118,6 +134,17 @@ class Scheduler:
         self.block_manager.grow(seq, need)
         return True
 
+    @staticmethod
+    def _share_source(seq: Sequence) -> Sequence | None | bool:
+        """For a new sample of a parallel request: the first sample whose prompt KV it can copy now, False if it
+        should wait for that prompt to be planned, None if it prefills on its own."""
+        lead = seq.group[0]
+        if seq is lead or seq.output_token_ids or len(seq.prompt_token_ids) < 2:
+            return None
+        if lead.status is Status.RUNNING and lead.decoding:  # its prompt was planned in an earlier step
+            return lead
+        return None if lead.is_finished else False
+
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         # 1. decode every running sequence past prefill, preempting the newest when pages run out
@@ -131,10 +158,16 @@ class Scheduler:
             if budget == 0 or len(plan.prefill) == self.cfg.max_prefill_seqs:
                 break
             new = seq.status is Status.WAITING
+            source = None
             if new:
                 if not self.free_slots:
                     break
+                source = self._share_source(seq)
+                if source is False:
+                    continue
                 seq.start_prefill()
+                if source is not None:
+                    seq.num_prefilled = seq.num_copied = len(seq.prompt_token_ids) - 1
             remaining = len(seq.prefill_token_ids) - seq.num_prefilled
             n = min(remaining, budget)
             is_last = n == remaining
@@ -146,7 +179,12 @@ class Scheduler:
                 self.waiting.remove(seq)
                 seq.status, seq.slot = Status.RUNNING, self.free_slots.pop()
                 self.running.append(seq)
+                if seq.metrics.first_scheduled_time is None:
+                    seq.metrics.first_scheduled_time = time.time()
             self.block_manager.grow(seq, min(need, self.cfg.max_model_len))
+            if source is not None:
+                seq.prompt_mask_from = source.slot
+                plan.copies += zip(source.pages[:self.block_manager.pages_for(seq.num_copied)], seq.pages)
             plan.prefill.append(PrefillChunk(seq, seq.num_prefilled, n, is_last))
             seq.num_prefilled += n
             budget -= n
@@ -166,29 +204,32 @@ class Scheduler:
 
     # ---- committing
 
-    def commit(self, plan: StepPlan, prefill_out, decode_out) -> list[Sequence]:
-        """Apply a step's fetched outputs: prefill_out [R, 2], decode_out [B, k+2] (count, tokens...). Returns the
-        sequences that got tokens."""
+    def commit(self, plan: StepPlan, prefill_out, decode_out, prefill_logprobs=None,
+               decode_logprobs=None) -> list[Sequence]:
+        """Apply a step's fetched outputs: prefill_out [R, 2], decode_out [B, k+2] (count, tokens...), and with an
+        extended step their tokens' logprob columns, [R, W] and [B, k+1, W]. Returns the sequences that got
+        tokens."""
         emitted = []
         for i, chunk in enumerate(plan.prefill):
             seq = chunk.seq
             seq.num_inflight -= 1
             if chunk.is_last:
                 seq.inflight_max_tokens -= 1
-                self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [], emitted)
+                lp = None if prefill_logprobs is None else prefill_logprobs[i:i + 1]
+                self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [], emitted, lp)
             self._settle(seq)
         rows = decode_out.tolist() if plan.decode else []  # one conversion, not one per row
-        for seq, row in zip(plan.decode, rows):
+        for i, (seq, row) in enumerate(zip(plan.decode, rows)):
             seq.num_inflight -= 1
             seq.inflight_max_tokens -= self.k + 1
-            self._emit(seq, row[1:1 + row[0]], emitted)
+            self._emit(seq, row[1:1 + row[0]], emitted, None if decode_logprobs is None else decode_logprobs[i])
             self._settle(seq)
         return emitted
 
-    def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence]) -> None:
+    def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence], logprobs) -> None:
         if seq.is_finished or not tokens:
             return
-        self.append_tokens(seq, tokens)
+        self.append_tokens(seq, tokens, logprobs)
         emitted.append(seq)
         if seq.is_finished:
             self.finish(seq)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from jaxspec.engine.slot_spec import SlotSpec
+from jaxspec.outputs import PositionLogprobs, RequestMetrics
 from jaxspec.sampling_params import SamplingParams
 
 
@@ -14,13 +19,17 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues find and remove a sequence by itself, and a group refers to itself
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
     prompt: str | None = None
+    index: int = 0  # which of the request's n samples
+    group: list[Sequence] | None = None  # the request's samples by index (None: just this one)
+    slot_spec: SlotSpec | None = None  # processor rows of an extended request (SamplingParams.needs_extended_step)
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.time()))
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort"
@@ -28,6 +37,8 @@ class Sequence:
     slot: int = -1
     pages: list[int] = field(default_factory=list)
     num_prefilled: int = 0  # tokens of `prefill_token_ids` whose KV is computed
+    num_copied: int = 0  # of those, the prefix copied from the group's leader (a parallel sample): prefill starts here
+    prompt_mask_from: int = -1  # the slot whose prompt token mask this sample's admission copies (-1: none)
     prefill_token_ids: list[int] = field(default_factory=list)  # what prefill feeds: prompt (+ outputs if preempted)
     decoding: bool = False  # prefill done; the device state holds last_token and seq_len
     num_inflight: int = 0  # dispatched steps whose tokens are not committed yet
@@ -38,6 +49,19 @@ class Sequence:
     read_offset: int = 0
     num_returned_tokens: int = 0  # DELTA outputs: what the last output already gave
     num_returned_chars: int = 0
+    # logprobs (when requested): the output tokens' rows of their steps' logprobs (processors.pack_logprobs), a
+    # block [tokens, W] per step, turned into vLLM's dicts when an output needs them; per prompt token after the
+    # first, its row
+    logprob_rows: list[np.ndarray] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    prompt_logprob_rows: list[np.ndarray] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    finish_returned: bool = False  # an output carried this sample's finish (DELTA outputs report it once)
+    num_outputs: int = 0  # RequestOutputs made for the request (kept by its first sample)
+
+    def __post_init__(self) -> None:
+        if self.group is None:
+            self.group = [self]
 
     @property
     def num_tokens(self) -> int:
@@ -51,10 +75,15 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    @property
+    def group_finished(self) -> bool:
+        return all(s.is_finished for s in self.group)
+
     def start_prefill(self) -> None:
         """(Re)start from scratch: after preemption the generated tokens are recomputed as part of the prompt."""
         self.prefill_token_ids = self.all_token_ids
-        self.num_prefilled = 0
+        self.num_prefilled = self.num_copied = 0
+        self.prompt_mask_from = -1
         self.decoding = False
 
     @property

@@ -11,7 +11,13 @@ Host plan layouts (few, large arrays: each jit argument leaf costs host time per
   prefill tok_i32 [N, 4]: token, next token (the draft head's input; -1 = the token sampled here), row (-1 =
           padding), position;  rows_i32 [R, 3 + pages]: slot, index of the row's last token in the flat
           chunk, is_last (the chunk ends the prompt), block table
-  both    sampling [rows, 4] uint32 (sampler.pack_params)
+  both    sampling [rows, C] uint32 (sampler.COLUMNS)
+
+The extended variant (StepSpec.extended: some row needs a logits processor or logprobs, engine/processors.py)
+samples from the processed distribution, commits the processor state and appends each emitted token's logprobs
+to `out`: decode [B, k+2 + (k+1) W], prefill [R, 2 + W] (W = 2 + 2 num_logprobs, processors.pack_logprobs); with
+prompt_logprobs, prefill's `out` has N more rows, one per flat token (columns 2..: the next token's logprobs under
+the raw target, as vLLM's prompt logprobs).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.engine import sampler
+from jaxspec.engine import processors, sampler
 from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, KVCache
 from jaxspec.parallel import StepShardings
@@ -47,6 +53,9 @@ class StepSpec:
     max_model_len: int
     all_greedy: bool = True
     filtered: bool = False
+    extended: bool = False  # processors and logprobs (all_greedy is then False: greedy rows are handled per row)
+    prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
+    num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
     # target (all the work is still done; the emitted text is meaningless). None: real rejection sampling.
     synthetic_acceptance: float | None = None
@@ -72,7 +81,7 @@ class Caches:
     draft: KVCache | None
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len", "num_drafts"], meta_fields=[])
+@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len", "num_drafts", "proc"], meta_fields=[])
 @dataclass
 class SlotState:
     """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
@@ -81,11 +90,13 @@ class SlotState:
     # [S + 1] int32: how many of `tokens`' drafts the last step made (steps may run with any k <= K: a step never
     # accepts more drafts than there are)
     num_drafts: jax.Array
+    proc: processors.ProcessorState  # what the extended step's logits processors read
 
     @classmethod
-    def init(cls, num_slots: int, max_k: int) -> "SlotState":
+    def init(cls, num_slots: int, max_k: int, vocab_size: int) -> "SlotState":
         return cls(tokens=jnp.zeros((num_slots + 1, 1 + max_k), jnp.int32),
-                   seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32))
+                   seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32),
+                   proc=processors.ProcessorState.init(num_slots, vocab_size))
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -168,8 +179,12 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     # 2. accept: emitted tokens sit at positions n .. n+n_acc, which must stay below max_model_len
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
     num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
-    emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p, seeds,
-                                              n, spec.all_greedy, spec.filtered)
+    if spec.extended:
+        emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, state.proc.rows(slots),
+                                                     sampling, spec.filtered, spec.num_logprobs)
+    else:
+        emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p,
+                                                  seeds, n, spec.all_greedy, spec.filtered)
     if spec.synthetic_acceptance is not None:
         emitted, n_acc = _synthetic_accept(logits, tokens[:, 1:], num_valid, seeds, n, spec.synthetic_acceptance)
     new_last = jnp.take_along_axis(emitted, n_acc[:, None], axis=1)  # [B, 1]
@@ -187,10 +202,15 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
             drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device
+    proc, out = state.proc, [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
+    if spec.extended:
+        j = jnp.arange(k + 1)
+        proc = processors.count_tokens(proc, slots, emitted, n[:, None] + j, j <= n_acc[:, None])
+        out.append(logprobs.reshape(B, -1))
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(n + n_acc + 1),
-                      num_drafts=state.num_drafts.at[slots].set(k))
-    out = jnp.concatenate([(n_acc + 1)[:, None], emitted], axis=1)  # [B, k+2]
+                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc)
+    out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
@@ -212,9 +232,19 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     logits = llama.lm_head(tw, hidden[0, last_index])[:, None]  # [R, 1, V]: only each row's last token
     first_pos = positions[last_index] + 1  # [R]: position of the token sampled here
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
-    emitted, _ = sampler.rejection_sample(logits, jnp.zeros((R, 0), jnp.int32), jnp.zeros((R,), jnp.int32),
-                                          temperature, top_k, top_p, seeds, first_pos, spec.all_greedy,
-                                          spec.filtered)
+    proc = state.proc
+    if spec.extended:
+        # the chunk's tokens enter the processor state first: the first token's penalties count the prompt
+        prompt_len = processors.Params.unpack(sampling).prompt_len
+        recent = tok_valid & (positions > first_pos[tok_rows] - 1 - processors.HISTORY)
+        proc = processors.prefill_tokens(proc, jnp.where(tok_valid, slots[tok_rows], S), tokens, positions,
+                                         prompt_len[tok_rows], recent)
+        emitted, _, logprobs = processors.sample(logits, tokens[last_index][:, None], jnp.zeros((R,), jnp.int32),
+                                                 first_pos - 1, proc.rows(slots), sampling, True, spec.num_logprobs)
+    else:
+        emitted, _ = sampler.rejection_sample(logits, jnp.zeros((R, 0), jnp.int32), jnp.zeros((R,), jnp.int32),
+                                              temperature, top_k, top_p, seeds, first_pos, spec.all_greedy,
+                                              spec.filtered)
     first = emitted[:, 0]  # [R]
     draft_kv = caches.draft
     new_tokens = first[:, None]
@@ -230,11 +260,57 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
     commit = is_last & (slots < S)
     slots = jnp.where(commit, slots, S)  # rows that do not end their prompt leave the slot state alone
-    state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
-                      seq_len=state.seq_len.at[slots].set(first_pos + 1),
-                      num_drafts=state.num_drafts.at[slots].set(k))
     out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
+    if spec.extended:
+        proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
+        out = jnp.concatenate([out, logprobs[:, 0]], axis=1)  # [R, 2 + W]
+    if spec.prompt_logprobs:  # every flat token's next token under the raw target: [N, V] logits, this variant only
+        lp = jax.nn.log_softmax(llama.lm_head(tw, hidden[0]).astype(jnp.float32), axis=-1)
+        prompt = processors.pack_logprobs(lp[None], next_tokens[None], spec.num_logprobs)[0]  # [N, W]
+        out = jnp.concatenate([out, jnp.pad(prompt, ((0, 0), (2, 0)))], axis=0)  # [R + N, 2 + W]
+    state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
+                      seq_len=state.seq_len.at[slots].set(first_pos + 1), num_drafts=state.num_drafts.at[slots].set(k),
+                      proc=proc)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
+
+
+def admit_step(state: SlotState, slots: jax.Array, bias: jax.Array, stop_mask: jax.Array, bad_words: jax.Array,
+               spec: StepSpec) -> SlotState:
+    """Reset the processor state of new extended requests: slots [R, 2] = (slot, the slot whose prompt mask it
+    shares (a parallel sample's leader) or num_slots; padding rows: num_slots twice) get their rows
+    (processors.SlotSpec.rows). Dispatched before the prefill that fills in their prompts."""
+    proc = processors.admit(state.proc, slots[:, 0], slots[:, 1], bias, stop_mask, bad_words)
+    state = SlotState(state.tokens, state.seq_len, state.num_drafts, proc)
+    return state if spec.shardings is None else jax.lax.with_sharding_constraint(state, spec.shardings.replicated)
+
+
+COPY_PAGES = 64  # pages one copy_pages_step call moves (a longer prefix takes several calls)
+
+
+def copy_pages_step(caches: Caches, pages: jax.Array, spec: StepSpec) -> Caches:
+    """Parallel samples (SamplingParams.n): copy KV pages [COPY_PAGES, 2] = (source, destination; -1: none) of a
+    prompt's prefix in the target's and the draft head's caches, every layer."""
+    num_pages = caches.target.k.shape[2]
+    src, dst = jnp.maximum(pages[:, 0], 0), jnp.where(pages[:, 1] >= 0, pages[:, 1], num_pages)  # out of range: drop
+
+    def copy(kv: KVCache | None) -> KVCache | None:
+        if kv is None:
+            return None
+        move = lambda a: a.at[:, :, dst].set(a[:, :, src], mode="drop")  # noqa: E731
+        return KVCache(move(kv.k), move(kv.v))
+
+    caches = Caches(copy(caches.target), copy(caches.draft))
+    if spec.shardings is None:
+        return caches
+    draft = None if caches.draft is None else jax.lax.with_sharding_constraint(caches.draft, spec.shardings.draft_kv)
+    return Caches(jax.lax.with_sharding_constraint(caches.target, spec.shardings.target_kv), draft)
+
+
+@functools.cache
+def slot_program(step: Callable) -> Callable:
+    """admit_step or copy_pages_step jitted, with what it changes donated."""
+    return jax.jit(step, static_argnames=("spec",),
+                   donate_argnames=("caches",) if step is copy_pages_step else ("state",))
 
 
 @functools.cache

@@ -1,0 +1,210 @@
+"""Logits processors and log-probabilities for the extended step, applied at every verified position.
+
+The extended step runs when any row of a batch needs a processor or logprobs (SamplingParams.needs_extended_step);
+other batches run the plain sampler, untouched. At verify position j (logits[:, j] scores the token at sequence
+position q0 + 1 + j, where q0 is the position of inputs[:, 0], the last committed token) every processor sees the
+history up to that position: the committed tokens plus the drafts inputs[:, 1..j] it would follow if accepted. So
+rejection sampling compares each draft with exactly the distribution plain decoding would sample there, and the
+output distribution stays the processed target's (tests/test_processors.py checks it by chi-square).
+
+"Processed", in vLLM's order:
+  1. + logit_bias; -inf outside allowed_token_ids, at the last token of a bad word whose other tokens end the
+     output so far, and at EOS / stop_token_ids while the output is shorter than min_tokens;
+  2. penalties on the output so far (prompt too for repetition_penalty): repetition (CTRL: logit / r where the
+     logit is > 0, logit * r otherwise), then - frequency_penalty * count - presence_penalty * [count > 0];
+  3. / temperature (1 for greedy rows), then min_p, top-k and top-p remove tokens (-inf), renormalized.
+Logprobs are log-softmax of that final distribution: for greedy rows the processed logits' log_softmax (what
+transformers' log_softmax of the same logits gives), for random rows the log of the distribution sampled from.
+
+Cost: penalties count with the slot's committed counts at every position, then only the draft tokens' logits
+are corrected per position (k^2 small updates), never a [B, k+1, V] count tensor. Bad words compare a window of
+the recent history (a per-slot ring of HISTORY tokens, committed on device) with each word: [B, k+1, W, L].
+
+Device state per slot (ProcessorState, in step.SlotState; memory (S+1) * V * 10 bytes): output counts and the
+prompt's token mask (set in prefill, counted in every extended commit), the bias row and the min_tokens stop
+mask (set at admission by `admit`), the bad words, the recent-token ring. None of it goes to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.config import MAX_SPECULATIVE_TOKENS
+from jaxspec.engine import sampler
+from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+
+HISTORY = 32  # ring of recent tokens: holds a bad word's prefix and one step's k+1 new tokens without collision
+assert HISTORY >= max(MAX_BAD_WORD_TOKENS - 1, MAX_SPECULATIVE_TOKENS + 1)
+_BEFORE_OUTPUT = -2  # history entries that are prompt (or before it): no bad word matches them; -1 is "any"
+
+
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["counts", "prompt_mask", "bias", "stop_mask", "bad_words", "history"], meta_fields=[])
+@dataclass
+class ProcessorState:
+    """Per slot (S + 1 rows, the last absorbs padding rows' writes); a request's rows are reset at admission."""
+    counts: jax.Array  # [S+1, V] int32: times each token occurs in the output
+    prompt_mask: jax.Array  # [S+1, V] bool: tokens of the prompt (repetition_penalty)
+    bias: jax.Array  # [S+1, V] fp32: logit_bias, -inf outside allowed_token_ids
+    stop_mask: jax.Array  # [S+1, V] bool: EOS and stop_token_ids (banned below min_tokens)
+    bad_words: jax.Array  # [S+1, W, L] int32: each right-aligned, prefix -1 = any, last token -1 = no word
+    history: jax.Array  # [S+1, HISTORY] int32: the token at position p in column p % HISTORY
+
+    @classmethod
+    def init(cls, num_slots: int, vocab_size: int) -> "ProcessorState":
+        S1, V = num_slots + 1, vocab_size
+        return cls(counts=jnp.zeros((S1, V), jnp.int32), prompt_mask=jnp.zeros((S1, V), bool),
+                   bias=jnp.zeros((S1, V), jnp.float32), stop_mask=jnp.zeros((S1, V), bool),
+                   bad_words=jnp.full((S1, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, jnp.int32),
+                   history=jnp.zeros((S1, HISTORY), jnp.int32))
+
+    def rows(self, slots: jax.Array) -> "ProcessorState":
+        """The rows of these slots [B] (a ProcessorState of B rows)."""
+        return jax.tree.map(lambda x: x[slots], self)
+
+
+class Params(NamedTuple):
+    """The processor columns of the packed sampling params, [B] each."""
+    presence: jax.Array
+    frequency: jax.Array
+    repetition: jax.Array
+    min_p: jax.Array
+    min_tokens: jax.Array
+    prompt_len: jax.Array
+    extended: jax.Array  # bool: the slot's processor state belongs to this row's request
+
+    @classmethod
+    def unpack(cls, packed: jax.Array) -> "Params":
+        col = partial(sampler.column, packed)
+        return cls(col("presence_penalty"), col("frequency_penalty"), col("repetition_penalty"), col("min_p"),
+                   col("min_tokens"), col("prompt_len"), col("extended") > 0)
+
+
+def _penalize(x: jax.Array, count: jax.Array, seen: jax.Array, p: Params) -> jax.Array:
+    """Step 2 on logits x with output counts `count` and `seen` (prompt or output); p broadcast to x's rank."""
+    x = jnp.where(seen, jnp.where(x > 0, x / p.repetition, x * p.repetition), x)
+    return x - p.frequency * count - p.presence * (count > 0)
+
+
+def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorState, p: Params) -> jax.Array:
+    """Processed logits [B, T, V] fp32 (steps 1 and 2): logits [B, T, V] at the positions after inputs [B, T]
+    (inputs[:, 0] at position q0 [B]; its count and history are already in `rows`, the rest are drafts)."""
+    B, T, V = logits.shape
+    raw = logits.astype(jnp.float32)
+    x = raw + rows.bias[:, None]
+    out_index = q0[:, None] + 1 + jnp.arange(T) - p.prompt_len[:, None]  # [B, T]: output index of each token
+    too_short = (out_index < p.min_tokens[:, None])[..., None] & rows.stop_mask[:, None]
+    x = jnp.where(too_short, -jnp.inf, x)
+    x = _ban_bad_words(x, inputs, q0, rows, p.prompt_len)
+    # penalties with the committed counts everywhere, then the drafts' own tokens per position
+    pb = jax.tree.map(lambda a: a[:, None, None], p)  # [B, 1, 1]
+    seen = rows.prompt_mask | (rows.counts > 0)
+    out = _penalize(x, rows.counts[:, None], seen[:, None], pb)
+    drafts = inputs[:, 1:]  # [B, k] at positions q0+1 .. q0+k
+    if drafts.shape[1]:
+        k = drafts.shape[1]
+        same = drafts[:, None, :, None] == drafts[:, None, None, :]  # [B, 1, k(i), k(i')]
+        before = (jnp.arange(k)[None, :] < jnp.arange(T)[:, None])[None, :, None, :]  # [1, T, 1, k(i')]: i' < j
+        extra = jnp.sum(same & before, axis=-1, dtype=jnp.int32)  # [B, T, k]: draft i's token among those before j
+        count = jnp.take_along_axis(rows.counts, drafts, axis=1)[:, None] + extra  # [B, T, k]
+        seen_d = jnp.take_along_axis(rows.prompt_mask, drafts, axis=1)[:, None] | (count > 0)
+        at = jnp.broadcast_to(drafts[:, None], (B, T, k))
+        x_d = jnp.take_along_axis(x, at, axis=2)  # [B, T, k]
+        b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
+        out = out.at[b, t, at].set(_penalize(x_d, count, seen_d, pb))  # duplicates write equal values
+    out = jnp.where(p.extended[:, None, None], out, raw)  # a stale slot's state never reaches a plain row
+    return jnp.where(jnp.max(out, axis=-1, keepdims=True) > -jnp.inf, out, raw)  # nothing left: unprocessed
+
+
+def _ban_bad_words(x: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorState,
+                   prompt_len: jax.Array) -> jax.Array:
+    B, T, V = x.shape
+    L = rows.bad_words.shape[-1]
+    # tokens at positions q0-L+2 .. q0 from the ring, then the drafts: position j's prefix is window[:, j:j+L-1]
+    pos = q0[:, None] + jnp.arange(-(L - 2), 1)  # [B, L-1]
+    past = jnp.take_along_axis(rows.history, pos % HISTORY, axis=1)
+    past = jnp.where(pos >= prompt_len[:, None], past, _BEFORE_OUTPUT)
+    window = jnp.concatenate([past, inputs[:, 1:]], axis=1)  # [B, L-1 + T-1]
+    prefixes = jnp.stack([window[:, j:j + L - 1] for j in range(T)], axis=1)  # [B, T, L-1]
+    word_prefix, banned = rows.bad_words[:, None, :, :-1], rows.bad_words[:, None, :, -1]  # [B,1,W,L-1], [B,1,W]
+    match = jnp.all((word_prefix == -1) | (word_prefix == prefixes[:, :, None]), axis=-1) & (banned >= 0)
+    b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
+    return x.at[b, t, jnp.maximum(banned, 0)].min(jnp.where(match, -jnp.inf, jnp.inf))  # [B, T, W] bans
+
+
+def distribution_logprobs(processed: jax.Array, probs: jax.Array, temperature: jax.Array) -> jax.Array:
+    """Log-probabilities [B, T, V] of the distribution sampled from: `probs` (filter_probs' output) for random
+    rows, computed from the processed logits (log-softmax, not log(probs): exact far into the tail); greedy rows
+    get the processed logits' log-softmax at temperature 1."""
+    greedy = (temperature <= 0)[:, None, None]
+    t = jnp.where(temperature > 0, temperature, 1.0)[:, None, None]
+    kept = jnp.where(greedy, processed > -jnp.inf, probs > 0)
+    return jax.nn.log_softmax(jnp.where(kept, processed / t, -jnp.inf), axis=-1)
+
+
+def pack_logprobs(lp: jax.Array, tokens: jax.Array, num: int) -> jax.Array:
+    """[B, T, 2 + 2 num] int32 for tokens [B, T] (-1: none) of log-probabilities lp [B, T, V]: per position the
+    token's logprob (fp32 bits) and rank (1 = most likely; ties count), then the top `num` logprobs (fp32 bits)
+    and their ids (host: logprob_output.py)."""
+    token_lp = jnp.take_along_axis(lp, jnp.maximum(tokens, 0)[..., None], axis=-1)  # [B, T, 1]
+    rank = jnp.sum(lp >= token_lp, axis=-1, keepdims=True, dtype=jnp.int32)
+    bits = partial(jax.lax.bitcast_convert_type, new_dtype=jnp.int32)
+    cols = [bits(token_lp), rank]
+    if num:
+        top_lp, top_ids = jax.lax.top_k(lp, num)
+        cols += [bits(top_lp), top_ids.astype(jnp.int32)]
+    return jnp.concatenate(cols, axis=-1)
+
+
+def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, rows: ProcessorState,
+           packed: jax.Array, filtered: bool, num_logprobs: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`sampler.rejection_sample` of the drafts inputs[:, 1:] against the processed target (min_p included),
+    keyed on positions q0 + 1 ..; returns (tokens [B, T], n_acc [B], logprobs of the tokens [B, T, 2 + 2 num])."""
+    temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
+    p = Params.unpack(packed)
+    processed = apply(logits, inputs, q0, rows, p)
+    probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, p.min_p)
+    tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
+    lp = distribution_logprobs(processed, probs, temperature)
+    return tokens, n_acc, pack_logprobs(lp, tokens, num_logprobs)
+
+
+def count_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, positions: jax.Array,
+                 live: jax.Array) -> ProcessorState:
+    """Commit output tokens [B, T] at positions [B, T] of these slots [B] where `live`: counts and history."""
+    s = slots[:, None]
+    counts = state.counts.at[s, jnp.maximum(tokens, 0)].add(live.astype(jnp.int32))
+    column = jnp.where(live, positions % HISTORY, HISTORY)  # out of range: dropped
+    history = state.history.at[s, column].set(tokens, mode="drop")
+    return ProcessorState(counts, state.prompt_mask, state.bias, state.stop_mask, state.bad_words, history)
+
+
+def prefill_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, positions: jax.Array,
+                   prompt_len: jax.Array, recent: jax.Array) -> ProcessorState:
+    """A prefill chunk's tokens [N] (each of slot `slots` [N], padding: the spare row): prompt positions go into
+    the prompt mask, later ones (a preempted request's output) are counted; `recent` [N] marks the chunk's last
+    HISTORY tokens of each row, which go into the history ring."""
+    is_prompt = positions < prompt_len
+    prompt_mask = state.prompt_mask.at[slots, jnp.where(is_prompt, tokens, state.bias.shape[1])].set(
+        True, mode="drop")
+    counts = state.counts.at[slots, tokens].add((~is_prompt).astype(jnp.int32))
+    column = jnp.where(recent, positions % HISTORY, HISTORY)
+    history = state.history.at[slots, column].set(tokens, mode="drop")
+    return ProcessorState(counts, prompt_mask, state.bias, state.stop_mask, state.bad_words, history)
+
+
+def admit(state: ProcessorState, slots: jax.Array, mask_from: jax.Array, bias: jax.Array, stop_mask: jax.Array,
+          bad_words: jax.Array) -> ProcessorState:
+    """New requests in these slots [R]: their rows set (bias [R, V], stop_mask [R, V], bad_words [R, W, L]),
+    counts cleared, and the prompt mask cleared (prefill fills it) or copied from slot mask_from [R] (a parallel
+    sample's leader, whose prompt is prefilled; the spare row num_slots: none)."""
+    spare = state.counts.shape[0] - 1
+    shared = jnp.where((mask_from < spare)[:, None], state.prompt_mask[mask_from], False)
+    return ProcessorState(state.counts.at[slots].set(0), state.prompt_mask.at[slots].set(shared),
+                          state.bias.at[slots].set(bias), state.stop_mask.at[slots].set(stop_mask),
+                          state.bad_words.at[slots].set(bad_words), state.history)

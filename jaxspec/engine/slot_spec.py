@@ -1,0 +1,34 @@
+"""Host: what an extended request puts into its slot's processor state (engine/processors.py), and its limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_BAD_WORDS = 64  # token sequences per request (a word may give two: with and without a leading space)
+MAX_BAD_WORD_TOKENS = 8  # tokens per bad word
+
+
+@dataclass
+class SlotSpec:
+    """Built and checked at admission (engine/input_processor.py)."""
+    logit_bias: dict[int, float]
+    allowed_token_ids: list[int] | None
+    bad_words: list[list[int]]  # token sequences, each 1..MAX_BAD_WORD_TOKENS long, at most MAX_BAD_WORDS
+    stop_ids: list[int]  # banned while the output is shorter than min_tokens: EOS and stop_token_ids
+
+    def rows(self, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bias [V] fp32, stop_mask [V] bool, bad_words [W, L] int32): processors.admit's rows."""
+        bias = np.zeros(vocab_size, np.float32)
+        if self.allowed_token_ids is not None:
+            bias[:] = -np.inf
+            bias[self.allowed_token_ids] = 0.0
+        for t, b in self.logit_bias.items():
+            bias[t] += b
+        stop = np.zeros(vocab_size, bool)
+        stop[[t for t in self.stop_ids if t < vocab_size]] = True
+        bad = np.full((MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
+        for i, word in enumerate(self.bad_words):
+            bad[i, MAX_BAD_WORD_TOKENS - len(word):] = word
+        return bias, stop, bad

@@ -1,0 +1,214 @@
+"""Logits processors under speculative decoding: against a numpy oracle, and lossless by chi-square over seeds.
+
+At verify position j the processed distribution must be the one plain decoding would sample from after the
+committed output plus the drafts before j. The oracle (`ref_probs`) recomputes it from scratch for each history.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.engine import processors, sampler
+from tests.test_sampler import ALPHA, N, chi2_pvalue, joint_pvalue, ref_filter
+
+V = 6
+LOGITS = np.log(np.array([[0.30, 0.05, 0.25, 0.10, 0.20, 0.10],
+                          [0.04, 0.40, 0.06, 0.15, 0.05, 0.30],
+                          [0.20, 0.10, 0.15, 0.25, 0.22, 0.08]]))  # target at verify positions 0, 1, 2 (k = 2)
+PROMPT = [0, 3]
+OUTPUT = [2, 2, 5]  # committed output; its last token is the verify step's input 0
+
+
+def ref_logits(logits, prompt, output, c):
+    """The processed logits for one position, from scratch (float64), given every token so far."""
+    x = np.asarray(logits, np.float64).copy()
+    if c.get("allowed") is not None:
+        x[np.setdiff1d(np.arange(len(x)), c["allowed"])] = -np.inf
+    for t, b in c.get("logit_bias", {}).items():
+        x[t] += b
+    if len(output) < c.get("min_tokens", 0):
+        x[c["stop_ids"]] = -np.inf
+    for word in c.get("bad_words", []):
+        if len(output) >= len(word) - 1 and list(output[len(output) - len(word) + 1:]) == list(word[:-1]):
+            x[word[-1]] = -np.inf
+    counts = np.bincount(np.asarray(output, int), minlength=len(x))
+    seen = np.isin(np.arange(len(x)), prompt) | (counts > 0)
+    r = c.get("repetition_penalty", 1.0)
+    x = np.where(seen, np.where(x > 0, x / r, x * r), x)
+    return x - c.get("frequency_penalty", 0.0) * counts - c.get("presence_penalty", 0.0) * (counts > 0)
+
+
+def ref_probs(logits, prompt, output, c):
+    """The sampling distribution: processed logits / temperature, then min_p, top-k, top-p (vLLM's order)."""
+    x = ref_logits(logits, prompt, output, c)
+    t = c.get("temperature", 1.0)
+    if t == 0:
+        return np.eye(len(x))[np.argmax(x)]
+    z = x / t
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    z = np.where(p >= c.get("min_p", 0.0) * p.max(), z, -np.inf)
+    return ref_filter(z, 1.0, c.get("top_k", 0), c.get("top_p", 1.0))
+
+
+def make_rows(c, rows: int, prompt=PROMPT, output=OUTPUT, words: int = 4, length: int = 4):
+    """The processor state of one slot holding (prompt, output), repeated `rows` times, with `words` x `length`
+    bad-word slots (the engine's are MAX_BAD_WORDS x MAX_BAD_WORD_TOKENS; the functions take any)."""
+    bias = np.zeros(V, np.float32)
+    if c.get("allowed") is not None:
+        bias[:] = -np.inf
+        bias[c["allowed"]] = 0
+    for t, b in c.get("logit_bias", {}).items():
+        bias[t] += b
+    bad = np.full((words, length), -1, np.int32)
+    for i, w in enumerate(c.get("bad_words", [])):
+        bad[i, length - len(w):] = w
+    history = np.zeros(processors.HISTORY, np.int32)
+    for i, t in enumerate(prompt + output):
+        history[i % processors.HISTORY] = t
+    one = processors.ProcessorState(
+        counts=np.bincount(output, minlength=V).astype(np.int32), prompt_mask=np.isin(np.arange(V), prompt),
+        bias=bias, stop_mask=np.isin(np.arange(V), c.get("stop_ids", [])), bad_words=bad, history=history)
+    return jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a), (rows,) + a.shape), one)
+
+
+def packed_params(c, seeds, prompt_len=len(PROMPT)):
+    B = len(seeds)
+    full = lambda name, default: np.full(B, c.get(name, default))  # noqa: E731
+    return jnp.asarray(sampler.pack_params(
+        full("temperature", 1.0), full("top_k", 0), full("top_p", 1.0), seeds,
+        presence_penalty=full("presence_penalty", 0.0), frequency_penalty=full("frequency_penalty", 0.0),
+        repetition_penalty=full("repetition_penalty", 1.0), min_p=full("min_p", 0.0),
+        min_tokens=full("min_tokens", 0), prompt_len=np.full(B, prompt_len), extended=np.ones(B)))
+
+
+@functools.partial(jax.jit, static_argnames=("wrong",))
+def sample(logits, inputs, num_valid, q0, rows, packed, wrong=None):
+    """processors.sample (the engine's extended path), or a deliberately wrong variant (negative controls):
+    "bonus_only" processes only the last position; "no_draft_history" ignores the drafts as history."""
+    if wrong is None:
+        tokens, n_acc, _ = processors.sample(logits, inputs, num_valid, q0, rows, packed, True, 0)
+        return tokens, n_acc
+    p = processors.Params.unpack(packed)
+    processed = processors.apply(logits, inputs, q0, rows, p)
+    if wrong == "bonus_only":
+        processed = jnp.concatenate([logits[:, :-1], processed[:, -1:]], axis=1)
+    else:
+        processed = jnp.concatenate([processors.apply(logits[:, j:j + 1], inputs[:, :1], q0 + j, rows, p)
+                                     for j in range(logits.shape[1])], axis=1)
+    temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
+    probs = sampler.filter_probs(processed, temperature, top_k, top_p, True, p.min_p)
+    return sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
+
+
+def run(c, drafts, seed0: int, wrong=None):
+    B = len(drafts)
+    q0 = len(PROMPT) + len(OUTPUT) - 1
+    inputs = np.concatenate([np.full((B, 1), OUTPUT[-1]), drafts], axis=1).astype(np.int32)
+    logits = jnp.broadcast_to(jnp.asarray(LOGITS, jnp.float32), (B,) + LOGITS.shape)
+    tokens, n_acc = sample(logits, jnp.asarray(inputs), jnp.full((B,), 2, jnp.int32), jnp.full((B,), q0, jnp.int32),
+                           make_rows(c, B), packed_params(c, np.arange(B) + seed0), wrong=wrong)
+    return np.asarray(tokens), np.asarray(n_acc)
+
+
+def grouped_pvalue(groups, target, expected_of):
+    """Cells (group, target token): target | group must follow expected_of(group) for every group seen."""
+    keys = sorted(set(map(tuple, groups)))
+    index = {k: i for i, k in enumerate(keys)}
+    observed = np.zeros((len(keys), V))
+    np.add.at(observed, ([index[tuple(g)] for g in groups], target), 1)
+    expected = np.stack([expected_of(k) for k in keys])
+    return chi2_pvalue(observed, observed.sum(1, keepdims=True) * expected)
+
+
+def lossless_pvalues(c, tokens, n_acc, drafts):
+    """token 0 | draft 0; token 1 | (draft 0 accepted, draft 1); the bonus | (both accepted): each against the
+    oracle's distribution after the committed output plus the accepted drafts."""
+    for j in range(2):
+        assert (tokens[n_acc > j, j] == drafts[n_acc > j, j]).all()
+    p = lambda *history: ref_probs(LOGITS[len(history)], PROMPT, OUTPUT + list(history), c)  # noqa: E731
+    acc1, acc2 = n_acc >= 1, n_acc == 2
+    return [grouped_pvalue(drafts[:, :1], tokens[:, 0], lambda g: p()),
+            grouped_pvalue(drafts[acc1], tokens[acc1, 1], lambda g: p(g[0])),
+            grouped_pvalue(drafts[acc2], tokens[acc2, 2], lambda g: p(g[0], g[1]))]
+
+
+def random_drafts(seed):
+    """[N, 2] drafts: the raw target's argmax half the time, else uniform: often wrong."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random((N, 2)) < 0.5, LOGITS[:2].argmax(-1), rng.integers(0, V, size=(N, 2)))
+
+
+PENALTIES = dict(presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.5)
+PROCESSORS = {
+    "penalties": PENALTIES,
+    "repetition": dict(repetition_penalty=2.0, temperature=0.8),
+    "min_p": dict(min_p=0.6),
+    "logit_bias": dict(logit_bias={1: 1.5, 4: -1.0}),
+    "allowed": dict(allowed=[0, 1, 2, 4, 5]),
+    "bad_words": dict(bad_words=[[5, 1], [2, 2, 0], [4]]),  # 5 -> no 1; 2 2 -> no 0; never 4
+    "min_tokens": dict(min_tokens=5, stop_ids=[1, 3]),  # output 3 long: banned at positions 0 and 1, not 2
+    "combination": dict(PENALTIES, top_p=0.8, min_p=0.1, logit_bias={1: 1.0, 2: -0.5}, temperature=0.9),
+    "everything": dict(PENALTIES, top_k=4, top_p=0.9, min_p=0.05, logit_bias={0: 0.5}, allowed=[0, 1, 2, 3, 5],
+                       bad_words=[[1, 0]], min_tokens=4, stop_ids=[3]),
+}
+
+
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_lossless(name):
+    c = PROCESSORS[name]
+    drafts = random_drafts(0)
+    tokens, n_acc = run(c, drafts, 1000)
+    assert min(lossless_pvalues(c, tokens, n_acc, drafts)) > ALPHA
+    assert 0.1 < (n_acc >= 1).mean() < 0.9  # drafts are sometimes right and sometimes wrong
+
+
+@pytest.mark.parametrize("name", ["penalties", "bad_words", "combination"])
+def test_lossless_joint_fixed_drafts(name):
+    """The whole emitted sequence for fixed drafts, each position's distribution the oracle's after its history."""
+    c = PROCESSORS[name]
+    d0, d1 = 2, 5  # a repeated token (penalties) and a bad word's prefix (5 -> no 1)
+    p0 = ref_probs(LOGITS[0], PROMPT, OUTPUT, c)
+    p1 = ref_probs(LOGITS[1], PROMPT, OUTPUT + [d0], c)
+    p2 = ref_probs(LOGITS[2], PROMPT, OUTPUT + [d0, d1], c)
+    tokens, n_acc = run(c, np.tile([[d0, d1]], (N, 1)), 77)
+    assert joint_pvalue(tokens, n_acc, d0, d1, p0, p1, p2) > ALPHA
+
+
+@pytest.mark.parametrize("wrong", ["bonus_only", "no_draft_history"])
+def test_negative_controls_fail(wrong):
+    """The same checks reject a sampler that processes only the bonus token, or that forgets the drafts it
+    verifies are history for the positions after them."""
+    c = PROCESSORS["combination"]
+    drafts = random_drafts(0)
+    tokens, n_acc = run(c, drafts, 1000, wrong=wrong)
+    assert min(lossless_pvalues(c, tokens, n_acc, drafts)) < ALPHA
+
+
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_apply_matches_oracle_at_every_position(name):
+    """Processed logits at each of 4 verify positions (k = 3) for random drafts equal the oracle's for that
+    history: bans exact, values to fp32 rounding."""
+    c = PROCESSORS[name]
+    rng = np.random.default_rng(3)
+    B, k = 64, 3
+    logits = rng.normal(size=(B, k + 1, V)).astype(np.float32) * 2
+    drafts = rng.integers(0, V, (B, k))
+    drafts[:8] = [5, 1, 0]  # bad words' prefixes and repeats inside the drafts
+    drafts[8:16] = [2, 2, 0]
+    inputs = np.concatenate([np.full((B, 1), OUTPUT[-1]), drafts], axis=1).astype(np.int32)
+    q0 = len(PROMPT) + len(OUTPUT) - 1
+    params = processors.Params.unpack(packed_params(c, np.zeros(B)))
+    got = np.asarray(jax.jit(processors.apply)(jnp.asarray(logits), jnp.asarray(inputs), jnp.full((B,), q0),
+                                               make_rows(c, B), params))
+    want = np.array([[ref_logits(logits[b, j], PROMPT, OUTPUT + drafts[b, :j].tolist(), c) for j in range(k + 1)]
+                     for b in range(B)])
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6 * np.abs(want[finite]).max())
+    assert (~finite).any() or name not in ("bad_words", "allowed", "min_tokens")  # the bans did happen
