@@ -24,8 +24,9 @@ def test_generate_compiles_first_and_times_the_steady_state(tmp_path, capsys, sp
         argv += ["--no-spec"]
     main(argv)
     out = capsys.readouterr().out
-    # three prompts: decode buckets 1, 2, 3 as requests finish; one prefill bucket for all prompt tokens (16)
-    assert re.search(r"^compiled 4 programs in [\d.]+ s \(decode buckets \[1, 2, 3\], prefill bucket 16, greedy; "
+    # three prompts: decode buckets 1, 2, 3 as requests finish; one prefill bucket for all prompt tokens (16); the
+    # page copy of parallel samples
+    assert re.search(r"^compiled 5 programs in [\d.]+ s \(decode buckets \[1, 2, 3\], prefill bucket 16, greedy; "
                      r"compilation cache off\)$",
                      out, re.M), out
     assert re.search(r"^3 requests, \d+ output tokens in [\d.]+ s: [\d.]+ output tokens/s \(steady state", out, re.M)

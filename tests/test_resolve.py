@@ -68,6 +68,7 @@ def test_acceptance_script_takes_a_preset_weights_directory(fake_preset, tmp_pat
     spec = {"method": "eagle", "model": str(write_random_head(tmp_path / "head")), "num_speculative_tokens": 2}
     main = runpy.run_path(str(ROOT / "bench" / "acceptance.py"))["main"]
     result = main(["--model", str(fake_preset / PRESET), "--speculative-config", json.dumps(spec), "--dataset",
-                   str(tmp_path / "prompts.jsonl"), "--num-prompts", "2", "--max-tokens", "6", "--max-num-seqs",
-                   "2", "--max-model-len", "64", "--decode-buckets", "2"])
-    assert result["num_prompts"] == 2 and result["output_tokens"] > 0 and result["mean_acceptance_length"] >= 1
+                   str(tmp_path / "prompts.jsonl"), "--num-prompts", "2", "--max-tokens", "6", "--max-model-len", "64",
+                   "--max-num-batched-tokens", "64"])
+    (row,) = result["results"]
+    assert row["num_prompts"] == 2 and row["output_tokens"] > 0 and row["mean_acceptance_length"] >= 1
