@@ -20,7 +20,7 @@ from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.input_processor import InputProcessor
 from jaxspec.engine.llm_engine import LLMEngine
-from jaxspec.engine.model_runner import ModelRunner
+from jaxspec.engine.model_runner import BASIC_KINDS, ModelRunner
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.spec_policy import DynamicPolicy, make_policy
@@ -135,8 +135,10 @@ class LLM:
         mesh = parallel.make_mesh(tp) if tp > 1 else None
         runner = ModelRunner(cfg, target_cfg, target_w, draft_cfg, draft_w, synthetic_acceptance, mesh)
         policy = make_policy(spec, cfg.max_num_seqs)
-        if warmup is True or (warmup == "auto" and jax.default_backend() != "cpu"):
+        if warmup is True:
             self.num_compiled = runner.warmup(k_values=policy.choices)
+        elif warmup == "auto" and jax.default_backend() != "cpu":
+            self.num_compiled = runner.warmup(BASIC_KINDS, k_values=policy.choices)
         else:  # each program compiles on first use (logged), quicker to start on a CPU
             self.num_compiled = 0
         if isinstance(policy, DynamicPolicy):  # its step-time model, whatever warmup says

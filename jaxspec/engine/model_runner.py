@@ -36,6 +36,9 @@ BatchKind = tuple[bool, bool, bool, bool]
 ALL_KINDS: tuple[BatchKind, ...] = ((True, False, False, False), (False, False, False, False),
                                     (False, True, False, False), (False, False, True, False),
                                     (False, True, True, False), (False, True, True, True))
+# Greedy, random, and top-k/top-p without processors or logprobs: what a GPU compiles at start-up by default
+# (LLM(warmup="auto")); the extended kinds compile on first use there (each one logged).
+BASIC_KINDS: tuple[BatchKind, ...] = ALL_KINDS[:3]
 
 
 def decode_mode(kind: BatchKind) -> BatchKind:
