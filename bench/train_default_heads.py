@@ -87,7 +87,9 @@ class Pipeline:
         self.prompts, self.cache = self.work / "prompts", self.work / "mix.npz"
         self.stages: list[dict] = []
         self.lock = threading.Lock()
-        self.env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_MININTERVAL="10")
+        # the checkout first, then whatever the caller's PYTHONPATH holds (e.g. packages carried as wheels)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        self.env = dict(os.environ, PYTHONPATH=path, TQDM_MININTERVAL="10")
         # the persistent compilation cache: a second run on this machine skips the compiles
         self.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(args.work_dir).absolute() / "jax-cache"))
         self.env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "2")

@@ -148,14 +148,14 @@ def fetch_gguf(preset: Preset) -> Path:
 def fetch_preset(name: str = DEFAULT_PRESET, weights_dir: str | Path | None = None) -> Path:
     """Make `<weights>/<name>/` (hf/ and ckpt/) exist and be current; returns the checkpoint directory, which
     `load_model` reads (the tokenizer is in its sibling `hf/`)."""
-    from jaxspec.convert.checkpoint import save_checkpoint
-    from jaxspec.convert.gguf_llama import convert_gguf
-    from jaxspec.convert.hf_llama import load_hf_llama
-
     preset = load_preset(name, weights_dir)
     stamp = preset.weights_dir / "source.json"
     if _built_from(stamp) == preset.source:
         return preset.ckpt_dir
+    from jaxspec.convert.checkpoint import save_checkpoint  # the converters (gguf...) only when there is work
+    from jaxspec.convert.gguf_llama import convert_gguf
+    from jaxspec.convert.hf_llama import load_hf_llama
+
     gguf = fetch_gguf(preset)
     stamp.unlink(missing_ok=True)
     # each directory is replaced only when complete (jaxspec.atomic): a failure leaves no half-written one
