@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -34,7 +35,8 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs (when logprobs are requested)
-    logprobs: list[PositionLogprobs] | None = None  # one dict per token of token_ids
+    # one dict per token of token_ids; a Sequence whose dicts are made as they are read (engine.logprob_output)
+    logprobs: Sequence[PositionLogprobs] | None = None
     finish_reason: str | None = None  # "stop", "length" or "abort"; None while running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 

@@ -7,6 +7,7 @@ engine's max_logprobs). Prefill's `out` may hold one more row per flat prompt to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
@@ -29,15 +30,51 @@ def split_prefill(out: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray | 
     return out[:rows, :2], out[:rows, 2:], out[rows:, 2:] if out.shape[0] > rows else None
 
 
-def position_logprobs(token: int, row: np.ndarray, num: int,
-                      decode: Callable[[int], str] | None) -> PositionLogprobs:
-    """{token: its Logprob, then the top `num` (rank 1..num)}, each with its text when `decode` is given."""
-    n = (len(row) - 2) // 2
-    top_lp, top_ids = row[2:2 + n].view(np.float32), row[2 + n:]
+def position_logprobs(tokens: list[int], rows: np.ndarray, num: int,
+                      decode: Callable[[int], str] | None) -> list[PositionLogprobs]:
+    """Per position t: {tokens[t]: its Logprob, then the top `num` (rank 1..num)}, each with its text when `decode`
+    is given. rows [T, W]; the columns are read in bulk (this runs over every output token of a request)."""
+    n = (rows.shape[1] - 2) // 2
+    num = min(num, n)
+    own_lp, own_rank = rows[:, 0].view(np.float32).tolist(), rows[:, 1].tolist()
+    top_lp, top_ids = rows[:, 2:2 + num].view(np.float32).tolist(), rows[:, 2 + n:2 + n + num].tolist()
     text = decode or (lambda _: None)
-    out = {token: Logprob(float(row[:1].view(np.float32)[0]), int(row[1]), text(token))}
-    for r in range(min(num, n)):
-        t = int(top_ids[r])
-        if t not in out:
-            out[t] = Logprob(float(top_lp[r]), r + 1, text(t))
+    out = []
+    for token, lp, rank, lps, ids in zip(tokens, own_lp, own_rank, top_lp, top_ids):
+        d = {token: Logprob(lp, rank, text(token))}
+        for r, (t, v) in enumerate(zip(ids, lps), 1):
+            if t not in d:
+                d[t] = Logprob(v, r, text(t))
+        out.append(d)
     return out
+
+
+class FlatLogprobs(Sequence):
+    """A completion's `logprobs` (vLLM's list of {token_id: Logprob}, and its FlatLogprobs idea): the step's rows
+    [T, W] as they came from the device, each position's dict made when it is read. Building every dict at the
+    finish costs the host seconds per batch (96 requests x 1,024 tokens x 6 Logprobs) that the device waits for,
+    and most are never read. Equal to any sequence of the same dicts (a list among them)."""
+
+    def __init__(self, tokens: list[int], rows: np.ndarray, num: int, decode: Callable[[int], str] | None):
+        assert len(tokens) == len(rows), (len(tokens), len(rows))
+        self._tokens, self._rows, self._num, self._decode = tokens, rows, num, decode
+        self._made: dict[int, PositionLogprobs] = {}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return FlatLogprobs(self._tokens[i], self._rows[i], self._num, self._decode)
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"logprobs position {i} of {len(self)}")
+        i %= len(self)
+        if i not in self._made:
+            self._made[i] = position_logprobs(self._tokens[i:i + 1], self._rows[i:i + 1], self._num, self._decode)[0]
+        return self._made[i]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))

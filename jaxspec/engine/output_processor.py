@@ -17,8 +17,9 @@ all of them once every sample is done, CUMULATIVE all of them at each output, DE
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -60,6 +61,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self._token_texts: Callable[[int], str] | None = None  # see _token_text
 
     def _has_text(self, seq: Sequence) -> bool:
         return self.tokenizer is not None and seq.params.detokenize
@@ -167,29 +169,28 @@ class OutputProcessor:
         logprobs = cumulative = None
         if p.logprobs is not None:
             rows = _merged(seq.logprob_rows)
-            logprobs = self._sample_logprobs(seq, rows)[start_token:]
+            logprobs = logprob_output.FlatLogprobs(list(token_ids), rows[start_token:len(seq.output_token_ids)],
+                                                   p.logprobs, self._token_text(seq))
             cumulative = float(rows[:, 0].view(np.float32).sum(dtype=np.float64))
         return CompletionOutput(seq.index, text, list(token_ids), cumulative, logprobs, seq.finish_reason,
                                 seq.stop_reason)
 
-    def _token_text(self, seq: Sequence):
-        return (lambda t: self.tokenizer.decode([t])) if self._has_text(seq) else None
-
-    def _sample_logprobs(self, seq: Sequence, rows: np.ndarray) -> list:
-        """vLLM's dicts for every output token so far (each made once) from their rows [tokens, W]."""
-        decode = self._token_text(seq)
-        for i in range(len(seq.logprobs), len(seq.output_token_ids)):
-            seq.logprobs.append(logprob_output.position_logprobs(seq.output_token_ids[i], rows[i],
-                                                                 seq.params.logprobs, decode))
-        return seq.logprobs
+    def _token_text(self, seq: Sequence) -> Callable[[int], str] | None:
+        """A logprob's decoded_token: one token's text, decoded once per token id (a request's logprobs name
+        (1 + N) tokens per position, mostly the same few thousand)."""
+        if not self._has_text(seq):
+            return None
+        if self._token_texts is None:
+            self._token_texts = functools.lru_cache(maxsize=None)(lambda t: self.tokenizer.decode([t]))
+        return self._token_texts
 
     def _prompt_logprobs(self, seq: Sequence) -> list:
         """[None, then a dict per prompt token after the first] (made once)."""
         if seq.prompt_logprobs is None:
-            decode, ids = self._token_text(seq), seq.prompt_token_ids
-            seq.prompt_logprobs = [None] + [
-                logprob_output.position_logprobs(ids[i + 1], row, seq.params.prompt_logprobs, decode)
-                for i, row in enumerate(seq.prompt_logprob_rows)]
+            rows = seq.prompt_logprob_rows
+            block = np.stack(rows) if rows else np.zeros((0, 2), np.int32)
+            seq.prompt_logprobs = [None] + logprob_output.position_logprobs(
+                seq.prompt_token_ids[1:1 + len(rows)], block, seq.params.prompt_logprobs, self._token_text(seq))
         return seq.prompt_logprobs
 
 

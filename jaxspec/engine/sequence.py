@@ -50,10 +50,9 @@ class Sequence:
     num_returned_tokens: int = 0  # DELTA outputs: what the last output already gave
     num_returned_chars: int = 0
     # logprobs (when requested): the output tokens' rows of their steps' logprobs (processors.pack_logprobs), a
-    # block [tokens, W] per step, turned into vLLM's dicts when an output needs them; per prompt token after the
-    # first, its row
+    # block [tokens, W] per step, read as vLLM's dicts through logprob_output.FlatLogprobs; per prompt token after
+    # the first, its row
     logprob_rows: list[np.ndarray] = field(default_factory=list)
-    logprobs: list[PositionLogprobs] = field(default_factory=list)
     prompt_logprob_rows: list[np.ndarray] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finish_returned: bool = False  # an output carried this sample's finish (DELTA outputs report it once)
