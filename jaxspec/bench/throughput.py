@@ -544,9 +544,13 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
         bench.log(f"compiled {n} programs in {time.perf_counter() - t0:.1f} s")
     bench.save()
     t0 = time.perf_counter()
-    n = max(counts)  # the largest batch: every bucket the timed runs use gets its first launch here
-    llm.generate(prompts[:n], sampling_params(args, n, min(args.max_tokens, 16)), use_tqdm=False)
-    bench.log(f"warm-up generate ({n} prompts, {min(args.max_tokens, 16)} tokens) {time.perf_counter() - t0:.1f} s")
+    # a program's first launch loads it onto the device (milliseconds): every decode bucket the timed runs can use
+    # gets its first launch here, one short generate per bucket (a batch shrinking as requests finish uses them all)
+    sizes = [b for b in c.decode_buckets if b < max(counts)] + [max(counts)]
+    for n in sizes:
+        llm.generate(prompts[:n], sampling_params(args, n, min(args.max_tokens, 16)), use_tqdm=False)
+    bench.log(f"warm-up generates ({sizes} prompts, {min(args.max_tokens, 16)} tokens) "
+              f"{time.perf_counter() - t0:.1f} s")
     return llm
 
 
