@@ -22,8 +22,23 @@ def trained_heads(tmp_path_factory):
     """EAGLE-1 and EAGLE-3 heads trained for seconds on the tiny target's (tests.tiny.tiny_weights()) own greedy
     continuations of their prompts (a tiny random target is chaotic, so they draft well only there): acceptance
     well between 0 and 1. {method: TinyHead}, each exported to a directory (speculative_config "model")."""
-    from jaxspec.train.tiny import train_tiny_head
+    from tests.tiny_heads import train_tiny_head
     from tests.tiny import TINY, tiny_weights
 
     root = tmp_path_factory.mktemp("heads")
     return {m: train_tiny_head(m, TINY, tiny_weights(), root / m) for m in ("eagle", "eagle3")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """After each module, drop the programs it compiled. Every XLA:CPU executable maps its code into memory
+    regions of its own, and one process compiling the whole suite's programs (thousands) reaches the kernel's
+    limit of 65,530 maps (vm.max_map_count), where the next compile crashes with a segmentation fault."""
+    yield
+    import gc
+
+    import jax
+
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()

@@ -22,7 +22,7 @@ COUNTS = ("num_prompts", "output_tokens", "num_drafts", "num_draft_tokens", "num
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from jaxspec.convert.checkpoint import save_checkpoint
-    from jaxspec.train.tiny import train_tiny_head
+    from tests.tiny_heads import train_tiny_head
 
     root = tmp_path_factory.mktemp("acc")
     weights = tiny_weights(0)

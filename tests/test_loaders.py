@@ -1024,7 +1024,7 @@ def test_fuzz_torch_bin(fuzz_files):
 
 
 def test_bad_jsonl_line_names_file_and_line(tmp_path):
-    from jaxspec.train.data import read_prompts
+    from jaxspec.prompts import read_prompts
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "a"}\n{"prompt": \n')
     with raises_naming(Path(f"{path}:2"), "not valid JSON"):

@@ -16,8 +16,9 @@ import pytest
 from jaxspec.convert.eagle import load_eagle
 from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, init_cache
+from jaxspec.prompts import read_prompts
 from jaxspec.train import data, losses, trainer
-from jaxspec.train.tiny import tiny_aux_layers
+from tests.tiny_heads import greedy_dataset, tiny_aux_layers
 from tests.numerics import BF16_EPS, FP32_EPS, assert_close_scaled
 
 TINY = llama.Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
@@ -42,7 +43,7 @@ def target():
 def dataset(target):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, TINY.vocab_size, int(rng.integers(2, 13))).tolist() for _ in range(32)]
-    return data.greedy_dataset(target, TINY, prompts, SEQ_LEN)
+    return greedy_dataset(target, TINY, prompts, SEQ_LEN)
 
 
 def train(target, dataset, method, **kw):
@@ -187,9 +188,10 @@ def test_dataset_rows_files_and_prompts(dataset, tmp_path):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in [{"question": "q1", "answer": "a"}, {"prompt": "p2"},
                                                        {"turns": ["t3", "t3b"]}, {"question": "q4"}]))
-    assert data.read_prompts([jsonl], 3) == ["q1", "p2", "t3"]
-    with pytest.raises(ValueError, match="none of the fields"):
-        data.prompt_text({"text": "x"})
+    assert read_prompts([jsonl], 3) == ["q1", "p2", "t3"]
+    jsonl.write_text('{"question": "q1"}\n{"text": "x"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2: row has none of the fields"):
+        read_prompts(jsonl)
 
 
 def test_engine_regeneration_matches_greedy_loop(target, dataset):

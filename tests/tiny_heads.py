@@ -1,4 +1,6 @@
-"""Tiny trained heads for engine tests: a head that drafts some, but not all, of a tiny target's greedy tokens.
+"""Test fixtures: tiny trained heads for engine tests, and the plain greedy loop their data comes from.
+
+Tiny heads: a head that drafts some, but not all, of a tiny target's greedy tokens.
 
 A tiny random target is chaotic (its next token depends on the whole context), so a head trained for seconds
 on a CPU does not generalize to new prompts: it learns the sequences it was trained on, and drafts them about
@@ -11,13 +13,50 @@ inside (1, k + 1) for any k, whatever the exact training accuracy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models import eagle, llama
-from jaxspec.train.data import greedy_dataset
+from jaxspec.models.attention import AttnBatch, init_cache
+from jaxspec.train.data import TokenDataset, pack
 from jaxspec.train.trainer import export_head, train_eagle
+
+
+@partial(jax.jit, static_argnames=("cfg",))
+def _greedy_fill(w: llama.Weights, cfg: llama.Config, tokens: jax.Array, prompt_lens: jax.Array) -> jax.Array:
+    """Fill every row past its prompt with the target's greedy tokens: one token per step for all rows through a
+    KV cache of one T-token page per row (prompt tokens are fed as they are, later ones as sampled)."""
+    N, T = tokens.shape
+    kv = init_cache(cfg.num_layers, cfg.num_kv_heads, N, T, cfg.head_dim, cfg.jnp_dtype)
+    rows = jnp.arange(N, dtype=jnp.int32)
+
+    def body(t, carry):
+        tokens, kv = carry
+        batch = AttnBatch(rows[:, None], (rows * T + t)[:, None])
+        hidden, _, kv = llama.forward(w, cfg, jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1),
+                                      jnp.full((N, 1), t, jnp.int32), kv, batch)
+        nxt = jnp.argmax(llama.lm_head(w, hidden[:, 0]), axis=-1).astype(jnp.int32)  # [N]
+        return tokens.at[:, t + 1].set(jnp.where(t + 1 >= prompt_lens, nxt, tokens[:, t + 1])), kv
+
+    return jax.lax.fori_loop(0, T - 1, body, (tokens, kv))[0]
+
+
+def greedy_dataset(w: llama.Weights, cfg: llama.Config, prompt_ids: list[list[int]], seq_len: int) -> TokenDataset:
+    """Greedy continuations to exactly seq_len tokens by a plain loop (no engine, no scheduler, no EOS): for tiny
+    models in tests, where it compiles one small program."""
+    tokens = np.zeros((len(prompt_ids), seq_len), np.int32)
+    lens = np.array([len(p) for p in prompt_ids], np.int32)
+    if lens.min() < 1 or lens.max() >= seq_len:
+        raise ValueError(f"prompts must have 1 .. {seq_len - 1} tokens")
+    for i, p in enumerate(prompt_ids):
+        tokens[i, :len(p)] = p
+    filled = np.asarray(_greedy_fill(w, cfg.replace(attn_impl="xla"), jnp.asarray(tokens), jnp.asarray(lens)))
+    return pack([(p, filled[i, len(p):].tolist()) for i, p in enumerate(prompt_ids)], seq_len,
+                {"source": "greedy_dataset", "eos_token_ids": []})
 
 
 @dataclass

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from jaxspec.chat import encode_chat
-from jaxspec.json_config import parse_json, read_json
+from jaxspec import prompts
+from jaxspec.json_config import read_json
 
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
           "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5}
@@ -61,37 +62,11 @@ def random_prompts(n: int, input_len: int, vocab_size: int, seed: int) -> list[l
     return rng.integers(0, vocab_size, (n, input_len)).tolist()
 
 
-def _messages(row: dict) -> list[dict] | None:
-    """A conversation from one JSONL row: `messages`, chat `turns` (strings: the first is the prompt; or dicts),
-    `prompt` or `question` (GSM8K)."""
-    if isinstance(row.get("messages"), list):
-        return row["messages"]
-    turns = row.get("turns")
-    if isinstance(turns, list) and turns:
-        if isinstance(turns[0], dict):
-            msgs = list(turns)
-            while msgs and msgs[-1].get("role") == "assistant":
-                msgs.pop()  # generate the assistant's reply, not continue after it
-            return msgs or None
-        return [{"role": "user", "content": str(turns[0])}]
-    for key in ("prompt", "question"):
-        if isinstance(row.get(key), str):
-            return [{"role": "user", "content": row[key]}]
-    return None
-
-
 def read_conversations(path: str | Path, n: int) -> list[list[dict]]:
-    """The first n conversations of a JSONL file, cycled when it has fewer. Taking the first n keeps every smaller
-    prompt count a prefix of the larger ones."""
-    convs = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip() and (msgs := _messages(parse_json(line, f"{path}:{lineno}"))):
-                convs.append(msgs)
-            if len(convs) == n:
-                break
+    """The first n conversations of a JSONL file (jaxspec.prompts), cycled when it has fewer."""
+    convs = prompts.read_conversations(path, n)
     if not convs:
-        raise ValueError(f"--dataset {path}: no rows with messages, turns, prompt or question")
+        raise ValueError(f"--dataset {path}: no rows")
     return [convs[i % len(convs)] for i in range(n)]
 
 

@@ -23,8 +23,8 @@ from jaxspec import compile_cache
 import numpy as np
 
 from jaxspec.models import eagle
-from jaxspec.train.data import (TokenDataset, chat_token_ids, generate_dataset, generation_llm, mix_prompts,
-                                read_prompts)
+from jaxspec.prompts import read_prompts
+from jaxspec.train.data import TokenDataset, chat_token_ids, generate_dataset, generation_llm, mix_prompts
 from jaxspec.train.magpie import PromptSet, format_report, prompts_from_args
 
 logger = logging.getLogger("jaxspec")

@@ -12,18 +12,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.chat import encode_chat
-from jaxspec.json_config import parse_json
-from jaxspec.models import llama
-from jaxspec.models.attention import AttnBatch, init_cache
 from jaxspec.train.prompt_filters import Deduplicator
 
 
@@ -77,30 +71,6 @@ def pack(sequences: list[tuple[list[int], list[int]]], seq_len: int, meta: dict 
 
 
 # ---------------------------------------------------------------- prompts
-
-def prompt_text(record: dict, source: str = "jsonl") -> str:
-    """The user turn of one JSONL record: `prompt`, `question` (GSM8K) or the first of `turns` (MT-bench)."""
-    for key in ("prompt", "question"):
-        if isinstance(record.get(key), str):
-            return record[key]
-    turns = record.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        return turns[0]  # later turns would need the model's own earlier answers: regenerated data is one turn
-    raise ValueError(f"{source}: record has none of the fields 'prompt', 'question', 'turns': {sorted(record)}")
-
-
-def read_prompts(paths: list[str | Path], num_prompts: int | None = None) -> list[str]:
-    """The first `num_prompts` prompts of the JSONL files, in order."""
-    prompts: list[str] = []
-    for path in paths:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if num_prompts is not None and len(prompts) >= num_prompts:
-                    return prompts
-                if line.strip():
-                    prompts.append(prompt_text(parse_json(line, f"{path}:{n}"), f"{path}:{n}"))
-    return prompts
-
 
 def chat_token_ids(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Each prompt as one user turn through the chat template, ready for generation (as `LLM.chat` does)."""
@@ -185,39 +155,6 @@ def generate_dataset(llm: Any, prompt_ids: list[list[int]], max_tokens: int, seq
     info = {"num_prompts": len(prompt_ids), "num_too_long": len(prompt_ids) - len(fit), "max_tokens": max_tokens,
             "seq_len": seq_len, "num_cut_by_time_budget": len(fit) - len(pairs)}
     return pack(pairs, seq_len, {**(meta or {}), **info})
-
-
-@partial(jax.jit, static_argnames=("cfg",))
-def _greedy_fill(w: llama.Weights, cfg: llama.Config, tokens: jax.Array, prompt_lens: jax.Array) -> jax.Array:
-    """Fill every row past its prompt with the target's greedy tokens: one token per step for all rows through a
-    KV cache of one T-token page per row (prompt tokens are fed as they are, later ones as sampled)."""
-    N, T = tokens.shape
-    kv = init_cache(cfg.num_layers, cfg.num_kv_heads, N, T, cfg.head_dim, cfg.jnp_dtype)
-    rows = jnp.arange(N, dtype=jnp.int32)
-
-    def body(t, carry):
-        tokens, kv = carry
-        batch = AttnBatch(rows[:, None], (rows * T + t)[:, None])
-        hidden, _, kv = llama.forward(w, cfg, jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1),
-                                      jnp.full((N, 1), t, jnp.int32), kv, batch)
-        nxt = jnp.argmax(llama.lm_head(w, hidden[:, 0]), axis=-1).astype(jnp.int32)  # [N]
-        return tokens.at[:, t + 1].set(jnp.where(t + 1 >= prompt_lens, nxt, tokens[:, t + 1])), kv
-
-    return jax.lax.fori_loop(0, T - 1, body, (tokens, kv))[0]
-
-
-def greedy_dataset(w: llama.Weights, cfg: llama.Config, prompt_ids: list[list[int]], seq_len: int) -> TokenDataset:
-    """Greedy continuations to exactly seq_len tokens by a plain loop (no engine, no scheduler, no EOS): for tiny
-    models in tests, where it compiles one small program."""
-    tokens = np.zeros((len(prompt_ids), seq_len), np.int32)
-    lens = np.array([len(p) for p in prompt_ids], np.int32)
-    if lens.min() < 1 or lens.max() >= seq_len:
-        raise ValueError(f"prompts must have 1 .. {seq_len - 1} tokens")
-    for i, p in enumerate(prompt_ids):
-        tokens[i, :len(p)] = p
-    filled = np.asarray(_greedy_fill(w, cfg.replace(attn_impl="xla"), jnp.asarray(tokens), jnp.asarray(lens)))
-    return pack([(p, filled[i, len(p):].tolist()) for i, p in enumerate(prompt_ids)], seq_len,
-                {"source": "greedy_dataset", "eos_token_ids": []})
 
 
 # ---------------------------------------------------------------- EAGLE-3's reduced vocabulary

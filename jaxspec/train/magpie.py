@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.train.data import CHUNK_BATCHES, generate_in_chunks, read_prompts
+from jaxspec.prompts import read_prompts
+from jaxspec.train.data import CHUNK_BATCHES, generate_in_chunks
 from jaxspec.train.prompt_filters import (Deduplicator, FilterConfig, OverlapIndex, diversity_report, is_held_out,
                                           quality_reason)
 
