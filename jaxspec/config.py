@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jaxspec.models.eagle import METHODS
+from jaxspec.models.eagle import check_method
 
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -30,9 +30,7 @@ class SpeculativeConfig:
                                "num_speculative_tokens_per_batch_size"}
         if unknown:
             raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
-        method = spec.get("method", "eagle")
-        if method not in METHODS:
-            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
+        method = check_method(spec.get("method", "eagle"), "speculative_config.method")
         if not spec.get("model"):
             raise ValueError("speculative_config.model (the draft head's path) is required")
         k = spec.get("num_speculative_tokens")

@@ -380,11 +380,11 @@ def test_unexpected_tensor(tmp_path):
 
 def test_method_errors(tmp_path):
     path = _bad(tmp_path, "eagle")
-    with pytest.raises(ValueError, match="unknown EAGLE method 'medusa'"):
+    with pytest.raises(ValueError, match="EAGLE method must be one of \\['eagle', 'eagle3'\\], got 'medusa'"):
         load_eagle(path, TARGET, method="medusa")
     with pytest.raises(ValueError, match="method 'eagle3' was asked for but the file holds an 'eagle' head"):
         load_eagle(path, TARGET, method="eagle3")
-    with pytest.raises(ValueError, match="unknown EAGLE method"):
+    with pytest.raises(ValueError, match="EAGLE method must be one of"):
         eagle.EagleConfig.from_target(TARGET, "medusa")
 
 

@@ -15,6 +15,7 @@ one when writing. A top-level `eagle_aux_hidden_state_layer_ids` (vLLM's convent
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -27,7 +28,7 @@ from jaxspec.atomic import atomic_dir
 from jaxspec.convert.tensors import read_safetensors
 from jaxspec.json_config import read_bool, read_dict, read_int, read_json, read_list
 from jaxspec.models import llama
-from jaxspec.models.eagle import EagleConfig, EagleWeights, abstract, default_aux_layers
+from jaxspec.models.eagle import EagleConfig, EagleWeights, abstract, check_method, default_aux_layers
 
 SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent RoPE buffers some old checkpoints carry
@@ -37,29 +38,51 @@ def _prefix(method: str) -> str:
     return "layers.0." if method == "eagle" else "midlayer."
 
 
-def _hf_shapes(cfg: EagleConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name the head's file must hold, with its HF ([out, in]) shape."""
+def _tables(cfg: EagleConfig) -> list[tuple[str, tuple[str, ...], tuple[tuple[int, ...], ...]]]:
+    """The one key table: (EagleWeights field, its HF tensor names, their HF shapes). A projection's field is its
+    HF matrices transposed ([out, in] -> [in, out]) and, when several, fused along the output axis (q/k/v,
+    gate/up); norms, biases and the embedding ([V, H] in both) are the tensor itself. d2t/t2d (EAGLE-3's
+    vocabulary map) are checked apart."""
     H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
     q_size, kv_size, p = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, _prefix(cfg.method)
-    shapes = {
-        "fc.weight": (H, cfg.fc_in),
-        f"{p}self_attn.q_proj.weight": (q_size, cfg.attn_in),
-        f"{p}self_attn.k_proj.weight": (kv_size, cfg.attn_in),
-        f"{p}self_attn.v_proj.weight": (kv_size, cfg.attn_in),
-        f"{p}self_attn.o_proj.weight": (H, q_size),
-        f"{p}post_attention_layernorm.weight": (H,),
-        f"{p}mlp.gate_proj.weight": (I, H),
-        f"{p}mlp.up_proj.weight": (I, H),
-        f"{p}mlp.down_proj.weight": (H, I),
-    }
-    if cfg.fc_bias:
-        shapes["fc.bias"] = (H,)
-    if cfg.own_embed:
-        shapes["embed_tokens.weight"] = (V, H)
+    attn, mlp, e3 = f"{p}self_attn.", f"{p}mlp.", cfg.method == "eagle3"
+    rows = [
+        ("fc", ("fc.weight",), ((H, cfg.fc_in),)),
+        ("fc_bias", ("fc.bias",), ((H,),)) if cfg.fc_bias else None,
+        ("embed", ("embed_tokens.weight",), ((V, H),)) if cfg.own_embed else None,
+        ("input_norm", (f"{p}input_layernorm.weight",), ((H,),)) if e3 else None,
+        ("hidden_norm", (f"{p}hidden_norm.weight",), ((H,),)) if e3 else None,
+        ("wqkv", (f"{attn}q_proj.weight", f"{attn}k_proj.weight", f"{attn}v_proj.weight"),
+         ((q_size, cfg.attn_in), (kv_size, cfg.attn_in), (kv_size, cfg.attn_in))),
+        ("wo", (f"{attn}o_proj.weight",), ((H, q_size),)),
+        ("mlp_norm", (f"{p}post_attention_layernorm.weight",), ((H,),)),
+        ("w_gate_up", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"), ((I, H), (I, H))),
+        ("w_down", (f"{mlp}down_proj.weight",), ((H, I),)),
+        ("final_norm", ("norm.weight",), ((H,),)) if e3 else None,
+        ("lm_head", ("lm_head.weight",), ((Vd, H),)) if e3 else None,
+    ]
+    return [r for r in rows if r is not None]
+
+
+def _hf_shapes(cfg: EagleConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the head's file must hold, with its HF ([out, in]) shape."""
+    shapes = {name: shape for _, names, shapes in _tables(cfg) for name, shape in zip(names, shapes)}
     if cfg.method == "eagle3":
-        shapes |= {f"{p}input_layernorm.weight": (H,), f"{p}hidden_norm.weight": (H,), "norm.weight": (H,),
-                   "lm_head.weight": (Vd, H), "d2t": (Vd,), "t2d": (V,)}
+        shapes |= {"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
     return shapes
+
+
+_AS_STORED = ("fc_bias", "embed", "input_norm", "hidden_norm", "mlp_norm", "final_norm")  # not transposed
+
+
+def _field_from_hf(field: str, arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if field in _AS_STORED else np.concatenate([a.T for a in arrays], axis=1)
+
+
+def _field_to_hf(field: str, x: np.ndarray, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
+    if field in _AS_STORED:
+        return [x]
+    return [part.T for part in np.split(x, np.cumsum([s[0] for s in shapes])[:-1], axis=1)]
 
 
 def _read_tensors(path: str) -> tuple[str, dict[str, np.ndarray]]:
@@ -73,8 +96,8 @@ def _read_tensors(path: str) -> tuple[str, dict[str, np.ndarray]]:
 
 
 def _detect_method(hf: dict, keys: set[str], method: str | None, source: str) -> str:
-    if method is not None and method not in ("eagle", "eagle3"):
-        raise ValueError(f"unknown EAGLE method {method!r} (expected 'eagle' or 'eagle3')")
+    if method is not None:
+        check_method(method)
     by_keys = ("eagle3" if any(k.startswith("midlayer.") for k in keys)
                else "eagle" if any(k.startswith("layers.0.") for k in keys) else None)
     archs = read_list(hf, "architectures", source, str, default=[])
@@ -177,8 +200,8 @@ def load_eagle(path: str, target_cfg: llama.Config, method: str | None = None) -
     """
     from jaxspec.resolve import resolve_head
 
-    if method is not None and method not in ("eagle", "eagle3"):
-        raise ValueError(f"unknown EAGLE method {method!r} (expected 'eagle' or 'eagle3')")
+    if method is not None:
+        check_method(method)
     path = str(resolve_head(path))
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
@@ -189,27 +212,11 @@ def load_eagle(path: str, target_cfg: llama.Config, method: str | None = None) -
     _check_tensors(tensors, cfg, source)
 
     dtype = cfg.jnp_dtype
-    p = _prefix(cfg.method)
-    get = lambda name: np.asarray(tensors[name])  # noqa: E731
-    arr = lambda x: jnp.asarray(np.asarray(x).astype(dtype))  # noqa: E731
-    opt = lambda name: arr(get(name)) if name in tensors else None  # noqa: E731
-    e3 = cfg.method == "eagle3"
-    attn, mlp = f"{p}self_attn.", f"{p}mlp."
-    w = EagleWeights(
-        fc=arr(get("fc.weight").T),
-        fc_bias=opt("fc.bias") if cfg.fc_bias else None,
-        embed=opt("embed_tokens.weight"),
-        input_norm=arr(get(f"{p}input_layernorm.weight")) if e3 else None,
-        hidden_norm=arr(get(f"{p}hidden_norm.weight")) if e3 else None,
-        wqkv=arr(np.concatenate([get(f"{attn}{n}_proj.weight").T for n in "qkv"], axis=1)),
-        wo=arr(get(f"{attn}o_proj.weight").T),
-        mlp_norm=arr(get(f"{p}post_attention_layernorm.weight")),
-        w_gate_up=arr(np.concatenate([get(f"{mlp}gate_proj.weight").T, get(f"{mlp}up_proj.weight").T], axis=1)),
-        w_down=arr(get(f"{mlp}down_proj.weight").T),
-        final_norm=arr(get("norm.weight")) if e3 else None,
-        lm_head=arr(get("lm_head.weight").T) if e3 else None,
-        d2t=jnp.asarray(_d2t(tensors, cfg, source)) if e3 else None,
-    )
+    fields = {f: jnp.asarray(_field_from_hf(f, [np.asarray(tensors[n]) for n in names]).astype(dtype))
+              for f, names, _ in _tables(cfg)}
+    if cfg.method == "eagle3":
+        fields["d2t"] = jnp.asarray(_d2t(tensors, cfg, source))
+    w = EagleWeights(**{f.name: fields.get(f.name) for f in dataclasses.fields(EagleWeights)})
     _check_abstract(w, cfg, source)
     return cfg, w
 
@@ -242,27 +249,14 @@ def save_eagle(path: str, cfg: EagleConfig, weights: EagleWeights) -> None:
     """Write `config.json` + `model.safetensors` in the layout `load_eagle` reads (EAGLE-1 with the .bin's key
     names, EAGLE-3 as SpecForge exports), so trained heads load here and in EAGLE/sglang-style loaders. The
     directory is replaced only when complete."""
-    w = {k: (None if v is None else np.asarray(v)) for k, v in vars(weights).items()}
-    p, q_size, kv_size = _prefix(cfg.method), cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    q, k, v = np.split(w["wqkv"], [q_size, q_size + kv_size], axis=1)
-    gate, up = np.split(w["w_gate_up"], 2, axis=1)
-    out = {
-        "fc.weight": w["fc"].T,
-        f"{p}self_attn.q_proj.weight": q.T, f"{p}self_attn.k_proj.weight": k.T, f"{p}self_attn.v_proj.weight": v.T,
-        f"{p}self_attn.o_proj.weight": w["wo"].T,
-        f"{p}post_attention_layernorm.weight": w["mlp_norm"],
-        f"{p}mlp.gate_proj.weight": gate.T, f"{p}mlp.up_proj.weight": up.T, f"{p}mlp.down_proj.weight": w["w_down"].T,
-    }
-    if w["fc_bias"] is not None:
-        out["fc.bias"] = w["fc_bias"]
-    if w["embed"] is not None:
-        out["embed_tokens.weight"] = w["embed"]
+    out = {}
+    for f, names, shapes in _tables(cfg):
+        out |= dict(zip(names, _field_to_hf(f, np.asarray(getattr(weights, f)), shapes)))
     if cfg.method == "eagle3":
-        d2t = w["d2t"].astype(np.int64)  # SpecForge stores int64
+        d2t = np.asarray(weights.d2t).astype(np.int64)  # SpecForge stores int64
         t2d = np.zeros(cfg.vocab_size, np.bool_)
         t2d[np.arange(cfg.draft_vocab_size) + d2t] = True
-        out |= {f"{p}input_layernorm.weight": w["input_norm"], f"{p}hidden_norm.weight": w["hidden_norm"],
-                "norm.weight": w["final_norm"], "lm_head.weight": w["lm_head"].T, "d2t": d2t, "t2d": t2d}
+        out |= {"d2t": d2t, "t2d": t2d}
     with atomic_dir(path) as tmp:
         save_file({name: np.ascontiguousarray(t) for name, t in out.items()}, tmp / SAFETENSORS,
                   metadata={"format": "pt"})

@@ -34,6 +34,13 @@ from jaxspec.models.kernel_config import KernelConfig
 METHODS = ("eagle", "eagle3")
 
 
+def check_method(method: str, what: str = "EAGLE method") -> str:
+    """The one check of an EAGLE method name; `what` names where it came from in the error."""
+    if method not in METHODS:
+        raise ValueError(f"{what} must be one of {list(METHODS)}, got {method!r}")
+    return method
+
+
 def default_aux_layers(num_target_layers: int) -> tuple[int, ...]:
     """EAGLE-3's feature layers: the inputs of layers 2, L//2 and L-3 of the target (as EAGLE-3, sglang, vLLM)."""
     L = num_target_layers
@@ -65,8 +72,7 @@ class EagleConfig:
     tp_size: int = 1  # tensor parallelism, as llama.Config.tp_size (1: the head is replicated on every device)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown EAGLE method {self.method!r} (expected one of {METHODS})")
+        check_method(self.method)
         if self.method == "eagle" and self.draft_vocab_size != self.vocab_size:
             raise ValueError("EAGLE-1 drafts over the target's vocabulary: draft_vocab_size must equal vocab_size")
         if self.method == "eagle3":
