@@ -7,17 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from jaxspec.bench import data, profile, report
 from jaxspec.bench.throughput import main
 
-ROOT = Path(__file__).resolve().parents[1]
 THROUGHPUT = re.compile(r"^Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s",
                         re.M)
 TINY = data.HF_CONFIGS["tiny"] | {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
@@ -143,12 +140,6 @@ def test_rerender_and_cli(sweep, capsys):
     assert "| num_prompts | mode |" in capsys.readouterr().out
     label = json.loads((tmp / "out.json").read_text())["label"]
     assert (tmp / "RESULTS.md").read_text().count(report.MD_BEGIN.format(label)) == 1
-
-
-def test_script_help():
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--help"], capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert run.returncode == 0 and "--speculative-config" in run.stdout and "--sweep" in run.stdout
 
 
 def test_hf_peer_agrees(tmp_path, capsys):
