@@ -226,12 +226,15 @@ class _Tokenizer:
 
 def test_dataset_prompts(tmp_path):
     rows = [{"question": "q1", "answer": "a"}, {"turns": ["t1", "t2"]}, {"prompt": "p"},
-            {"turns": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "drop"}]}, {"other": 1}]
+            {"turns": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "drop"}]}]
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     got = ["".join(map(chr, ids)) for ids in data.dataset_prompts(path, 5, _Tokenizer())]
     assert got == ["user:q1|assistant:", "user:t1|assistant:", "user:p|assistant:", "user:u|assistant:",
                    "user:q1|assistant:"]  # cycled
+    path.write_text(path.read_text() + json.dumps({"other": 1}) + "\n")
+    with pytest.raises(ValueError, match=r"d.jsonl:5: row has none of the fields"):
+        data.dataset_prompts(path, 5, _Tokenizer())
     assert data.random_prompts(3, 5, 100, 0) == data.random_prompts(3, 5, 100, 0)
     with pytest.raises(ValueError, match="tokenizer"):
         data.dataset_prompts(path, 1, None)

@@ -410,8 +410,8 @@ def test_logprobs_render_in_openai_formats(served):
 
     Logprob = namedtuple("Logprob", "logprob rank decoded_token")
     steps = [{5: Logprob(-0.1, 1, "f"), 7: Logprob(-2.5, 2, "h")}, {2: Logprob(-1.5, 2, None), 9: Logprob(-0.4, 1, "j")}]
-    out = RequestOutput("r", None, [0, 1], [CompletionOutput(0, "fc", [5, 2], logprobs=steps, finish_reason="length")],
-                        finished=True)
+    out = RequestOutput("r", None, [0, 1], outputs=[CompletionOutput(0, "fc", [5, 2], logprobs=steps,
+                                                                     finish_reason="length")], finished=True)
     inputs, tok = EngineInputs([("r", {}, None)], [2]), served.llm.get_tokenizer()
     fmt = CompletionFormat("cmpl-1", MODEL, api.CompletionRequest(prompt="ab", logprobs=1), inputs, tok)
     fmt.add([out])

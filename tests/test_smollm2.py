@@ -184,12 +184,12 @@ def test_repetition_penalty_equals_transformers_generate(root, hf_model):
     """Greedy with repetition_penalty=1.3 (CTRL's rule over prompt and output), speculating with the shipped
     EAGLE head (fp32, CPU): token for token what transformers' generate(repetition_penalty=1.3) gives."""
     from jaxspec import LLM, SamplingParams
-    from jaxspec.presets import ROOT
+    from jaxspec.paths import shipped_heads_dir
 
     tok = AutoTokenizer.from_pretrained(root / "hf")
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                        tokenize=True, return_dict=False) for p in PROMPTS]
-    spec = {"method": "eagle", "model": str(ROOT / "weights" / "eagle-smollm2-135m-instruct"),
+    spec = {"method": "eagle", "model": str(shipped_heads_dir() / "eagle-smollm2-135m-instruct"),
             "num_speculative_tokens": 3}
     llm = LLM(str(root / "ckpt"), speculative_config=spec, dtype="float32", layer_loop="scan", max_model_len=256,
               max_num_seqs=4, max_num_batched_tokens=256, decode_buckets=[4], prefill_buckets=[256], warmup=False)
