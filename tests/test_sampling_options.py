@@ -364,3 +364,26 @@ def test_text_options(weights, prompts, tmp_path):
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time
     assert m.time_in_queue == m.first_scheduled_time - m.arrival_time and out.num_cached_tokens == 0
+
+
+def test_flat_logprobs_read_like_vllms_list():
+    """The lazy logprobs container: the same dicts as building them all at once, by index, slice and iteration."""
+    from jaxspec.engine.logprob_output import FlatLogprobs, position_logprobs
+    from jaxspec.outputs import Logprob
+
+    rng = np.random.default_rng(0)
+    n, T = 3, 5  # top-n per position, T positions: rows [T, 2 + 2n] of (logprob bits, rank, top-n bits, top-n ids)
+    lps = np.sort(rng.normal(size=(T, n)).astype(np.float32), axis=1)[:, ::-1]
+    ids = np.stack([rng.permutation(50)[:n] for _ in range(T)]).astype(np.int32)
+    tokens = [int(ids[0, 0]), 60, int(ids[2, 1]), 61, int(ids[4, 2])]  # 60, 61: outside every top-n
+    rows = np.concatenate([np.full((T, 1), -3.5, np.float32).view(np.int32), np.full((T, 1), 7, np.int32),
+                           np.ascontiguousarray(lps).view(np.int32), ids], axis=1)
+    flat = FlatLogprobs(tokens, rows, 2, lambda t: f"<{t}>")
+    eager = position_logprobs(tokens, rows, 2, lambda t: f"<{t}>")
+    assert len(flat) == T and flat == eager and list(flat) == eager and flat[-1] == eager[-1]
+    assert flat[1:4] == eager[1:4] and isinstance(flat[1:4], FlatLogprobs)
+    assert flat[1][60] == Logprob(-3.5, 7, "<60>") and list(flat[1]) == [60, *ids[1, :2].tolist()]
+    assert flat[0] == {tokens[0]: Logprob(-3.5, 7, f"<{tokens[0]}>"), int(ids[0, 1]): Logprob(float(lps[0, 1]), 2,
+                                                                                            f"<{ids[0, 1]}>")}
+    with pytest.raises(IndexError, match="position 5 of 5"):
+        flat[5]
