@@ -107,7 +107,8 @@ def test_bad_requests_leave_the_engine_unchanged(weights, prompts, fresh):
 
 
 def test_bad_engine_arguments_are_rejected_naming_them(weights):
-    for kw, message in [(dict(max_model_len=10**6), "max_position_embeddings"), (dict(max_model_len=1.5), "max_model_len"),
+    for kw, message in [(dict(max_model_len=10**6), "max_position_embeddings"),
+                        (dict(max_model_len=1.5), "max_model_len"),
                         (dict(load_format="bogus"), "load_format"), (dict(gpu_memory_utilization=1.5), "gpu_memory"),
                         (dict(memory_fraction=0), "memory_fraction"), (dict(max_num_seqs=0), "max_num_seqs"),
                         (dict(num_pages=-1), "num_pages"), (dict(decode_buckets=[0, 4]), "decode_buckets"),
