@@ -27,17 +27,27 @@ def load_tokenizer(path: str | Path, required: bool = False) -> Any | None:
         if required:
             raise ValueError(f"{path}: no tokenizer here ({' or '.join(resolve.TOKENIZER_FILES)})")
         return None
-    for name in _JSON_FILES:  # bad JSON is named by its file, not by transformers' parser
-        if (d / name).exists():
-            read_json(d / name)
-    return from_pretrained(d, str(d))
+    configs = {name: read_json(d / name) for name in _JSON_FILES if (d / name).exists()}  # bad JSON: its file named
+    tokenizer_class = configs.get("tokenizer_config.json", {}).get("tokenizer_class")
+    plain = tokenizer_class in _PLAIN_FAST_CLASSES and (d / "tokenizer.json").exists()
+    return from_pretrained(d, str(d), plain_fast=plain)
 
 
-def from_pretrained(source: Path, *args, **kwargs) -> Any:
-    """`AutoTokenizer.from_pretrained(*args, **kwargs)`, whose failures on a bad file are ValueErrors naming
-    `source` (transformers raises whatever its parsers do: KeyError, TypeError, the tokenizers parser's bare
-    Exception)."""
-    from transformers import AutoTokenizer
+# tokenizer_config.json classes that AutoTokenizer resolves to transformers' plain fast tokenizer (a tokenizer.json
+# and nothing model-specific): that class loads them directly, without AutoTokenizer's module, which imports
+# torch (seconds at every start of `jaxspec generate` or `jaxspec serve`). Every other class goes through
+# AutoTokenizer.
+_PLAIN_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def from_pretrained(source: Path, *args, plain_fast: bool = False, **kwargs) -> Any:
+    """`AutoTokenizer.from_pretrained(*args, **kwargs)` (or, with plain_fast, `PreTrainedTokenizerFast`'s), whose
+    failures on a bad file are ValueErrors naming `source` (transformers raises whatever its parsers do: KeyError,
+    TypeError, the tokenizers parser's bare Exception)."""
+    if plain_fast:
+        from transformers import PreTrainedTokenizerFast as AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(*args, **kwargs)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as e:

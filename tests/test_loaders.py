@@ -240,6 +240,28 @@ def test_tokenizer_path_that_does_not_exist_is_an_error(weights, tmp_path):
     assert load_tokenizer(tmp_path / "tok", required=True).encode("abc") == [0, 1, 2]
 
 
+def test_a_plain_fast_tokenizer_loads_without_torch_and_as_autotokenizer_does(tmp_path):
+    """A tokenizer.json whose config names the plain fast class is loaded by that class, not through AutoTokenizer
+    (whose module imports torch: seconds at every start of `jaxspec generate`), and the result is the same."""
+    from tests.tiny import write_chat_tokenizer
+
+    write_chat_tokenizer(tmp_path)
+    code = ("import sys; from jaxspec.tokenizer import load_tokenizer; t = load_tokenizer(sys.argv[1]); "
+            "m = [{'role': 'user', 'content': 'ab c'}]; "
+            "print(type(t).__name__, 'torch' in sys.modules, t.apply_chat_template(m, add_generation_prompt=True, "
+            "tokenize=True, return_dict=False), t.decode(t.encode('x y')), t.eos_token_id)")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert run.returncode == 0, run.stderr[-2000:]
+    name, torch_imported, rest = run.stdout.strip().split(" ", 2)
+    assert torch_imported == "False", "loading a plain fast tokenizer imported torch"
+    from transformers import AutoTokenizer
+    auto = AutoTokenizer.from_pretrained(tmp_path)
+    ids = auto.apply_chat_template([{"role": "user", "content": "ab c"}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+    assert (name, rest) == (type(auto).__name__, f"{ids} {auto.decode(auto.encode('x y'))} {auto.eos_token_id}")
+
+
 @pytest.mark.parametrize("name, text, words", [
     ("tokenizer.json", '{"version": "1.0", ', ("not valid JSON",)),
     ("tokenizer.json", "[1]", ("JSON object",)),
