@@ -38,49 +38,46 @@ def _prefix(method: str) -> str:
     return "layers.0." if method == "eagle" else "midlayer."
 
 
-def _tables(cfg: EagleConfig) -> list[tuple[str, tuple[str, ...], tuple[tuple[int, ...], ...]]]:
-    """The one key table: (EagleWeights field, its HF tensor names, their HF shapes). A projection's field is its
-    HF matrices transposed ([out, in] -> [in, out]) and, when several, fused along the output axis (q/k/v,
-    gate/up); norms, biases and the embedding ([V, H] in both) are the tensor itself. d2t/t2d (EAGLE-3's
-    vocabulary map) are checked apart."""
+def _tables(cfg: EagleConfig) -> list[tuple[str, tuple[str, ...], tuple[tuple[int, ...], ...], bool]]:
+    """The one key table: (EagleWeights field, its HF tensor names, their HF shapes, transposed). A transposed
+    field (a projection) is its HF matrices transposed ([out, in] -> [in, out]) and, when several, fused along the
+    output axis (q/k/v, gate/up); the others (norms, biases, the embedding: [V, H] in both) are the tensor itself.
+    d2t/t2d (EAGLE-3's vocabulary map) are checked apart."""
     H, I, V, Vd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size
     q_size, kv_size, p = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, _prefix(cfg.method)
     attn, mlp, e3 = f"{p}self_attn.", f"{p}mlp.", cfg.method == "eagle3"
     rows = [
-        ("fc", ("fc.weight",), ((H, cfg.fc_in),)),
-        ("fc_bias", ("fc.bias",), ((H,),)) if cfg.fc_bias else None,
-        ("embed", ("embed_tokens.weight",), ((V, H),)) if cfg.own_embed else None,
-        ("input_norm", (f"{p}input_layernorm.weight",), ((H,),)) if e3 else None,
-        ("hidden_norm", (f"{p}hidden_norm.weight",), ((H,),)) if e3 else None,
+        ("fc", ("fc.weight",), ((H, cfg.fc_in),), True),
+        ("fc_bias", ("fc.bias",), ((H,),), False) if cfg.fc_bias else None,
+        ("embed", ("embed_tokens.weight",), ((V, H),), False) if cfg.own_embed else None,
+        ("input_norm", (f"{p}input_layernorm.weight",), ((H,),), False) if e3 else None,
+        ("hidden_norm", (f"{p}hidden_norm.weight",), ((H,),), False) if e3 else None,
         ("wqkv", (f"{attn}q_proj.weight", f"{attn}k_proj.weight", f"{attn}v_proj.weight"),
-         ((q_size, cfg.attn_in), (kv_size, cfg.attn_in), (kv_size, cfg.attn_in))),
-        ("wo", (f"{attn}o_proj.weight",), ((H, q_size),)),
-        ("mlp_norm", (f"{p}post_attention_layernorm.weight",), ((H,),)),
-        ("w_gate_up", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"), ((I, H), (I, H))),
-        ("w_down", (f"{mlp}down_proj.weight",), ((H, I),)),
-        ("final_norm", ("norm.weight",), ((H,),)) if e3 else None,
-        ("lm_head", ("lm_head.weight",), ((Vd, H),)) if e3 else None,
+         ((q_size, cfg.attn_in), (kv_size, cfg.attn_in), (kv_size, cfg.attn_in)), True),
+        ("wo", (f"{attn}o_proj.weight",), ((H, q_size),), True),
+        ("mlp_norm", (f"{p}post_attention_layernorm.weight",), ((H,),), False),
+        ("w_gate_up", (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"), ((I, H), (I, H)), True),
+        ("w_down", (f"{mlp}down_proj.weight",), ((H, I),), True),
+        ("final_norm", ("norm.weight",), ((H,),), False) if e3 else None,
+        ("lm_head", ("lm_head.weight",), ((Vd, H),), True) if e3 else None,
     ]
     return [r for r in rows if r is not None]
 
 
 def _hf_shapes(cfg: EagleConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name the head's file must hold, with its HF ([out, in]) shape."""
-    shapes = {name: shape for _, names, shapes in _tables(cfg) for name, shape in zip(names, shapes)}
+    shapes = {name: shape for _, names, shapes, _ in _tables(cfg) for name, shape in zip(names, shapes)}
     if cfg.method == "eagle3":
         shapes |= {"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
     return shapes
 
 
-_AS_STORED = ("fc_bias", "embed", "input_norm", "hidden_norm", "mlp_norm", "final_norm")  # not transposed
+def _field_from_hf(arrays: list[np.ndarray], transposed: bool) -> np.ndarray:
+    return np.concatenate([a.T for a in arrays], axis=1) if transposed else arrays[0]
 
 
-def _field_from_hf(field: str, arrays: list[np.ndarray]) -> np.ndarray:
-    return arrays[0] if field in _AS_STORED else np.concatenate([a.T for a in arrays], axis=1)
-
-
-def _field_to_hf(field: str, x: np.ndarray, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
-    if field in _AS_STORED:
+def _field_to_hf(x: np.ndarray, shapes: tuple[tuple[int, ...], ...], transposed: bool) -> list[np.ndarray]:
+    if not transposed:
         return [x]
     return [part.T for part in np.split(x, np.cumsum([s[0] for s in shapes])[:-1], axis=1)]
 
@@ -96,8 +93,8 @@ def _read_tensors(path: str) -> tuple[str, dict[str, np.ndarray]]:
 
 
 def _detect_method(hf: dict, keys: set[str], method: str | None, source: str) -> str:
-    if method is not None:
-        check_method(method)
+    """The head's method from its tensor names, checked against its config and the `method` asked for (already
+    a valid name: load_eagle checks it before reading anything)."""
     by_keys = ("eagle3" if any(k.startswith("midlayer.") for k in keys)
                else "eagle" if any(k.startswith("layers.0.") for k in keys) else None)
     archs = read_list(hf, "architectures", source, str, default=[])
@@ -212,8 +209,8 @@ def load_eagle(path: str, target_cfg: llama.Config, method: str | None = None) -
     _check_tensors(tensors, cfg, source)
 
     dtype = cfg.jnp_dtype
-    fields = {f: jnp.asarray(_field_from_hf(f, [np.asarray(tensors[n]) for n in names]).astype(dtype))
-              for f, names, _ in _tables(cfg)}
+    fields = {f: jnp.asarray(_field_from_hf([np.asarray(tensors[n]) for n in names], t).astype(dtype))
+              for f, names, _, t in _tables(cfg)}
     if cfg.method == "eagle3":
         fields["d2t"] = jnp.asarray(_d2t(tensors, cfg, source))
     w = EagleWeights(**{f.name: fields.get(f.name) for f in dataclasses.fields(EagleWeights)})
@@ -250,8 +247,8 @@ def save_eagle(path: str, cfg: EagleConfig, weights: EagleWeights) -> None:
     names, EAGLE-3 as SpecForge exports), so trained heads load here and in EAGLE/sglang-style loaders. The
     directory is replaced only when complete."""
     out = {}
-    for f, names, shapes in _tables(cfg):
-        out |= dict(zip(names, _field_to_hf(f, np.asarray(getattr(weights, f)), shapes)))
+    for f, names, shapes, t in _tables(cfg):
+        out |= dict(zip(names, _field_to_hf(np.asarray(getattr(weights, f)), shapes, t)))
     if cfg.method == "eagle3":
         d2t = np.asarray(weights.d2t).astype(np.int64)  # SpecForge stores int64
         t2d = np.zeros(cfg.vocab_size, np.bool_)
