@@ -61,7 +61,10 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
-        self._token_texts: Callable[[int], str] | None = None  # see _token_text
+        # a logprob's decoded_token: one token's text, decoded once per token id (a request's logprobs name
+        # (1 + N) tokens per position, mostly the same few thousand)
+        self._token_text_of = None if tokenizer is None else functools.lru_cache(maxsize=None)(
+            lambda t: tokenizer.decode([t]))
 
     def _has_text(self, seq: Sequence) -> bool:
         return self.tokenizer is not None and seq.params.detokenize
@@ -176,13 +179,7 @@ class OutputProcessor:
                                 seq.stop_reason)
 
     def _token_text(self, seq: Sequence) -> Callable[[int], str] | None:
-        """A logprob's decoded_token: one token's text, decoded once per token id (a request's logprobs name
-        (1 + N) tokens per position, mostly the same few thousand)."""
-        if not self._has_text(seq):
-            return None
-        if self._token_texts is None:
-            self._token_texts = functools.lru_cache(maxsize=None)(lambda t: self.tokenizer.decode([t]))
-        return self._token_texts
+        return self._token_text_of if self._has_text(seq) else None
 
     def _prompt_logprobs(self, seq: Sequence) -> list:
         """[None, then a dict per prompt token after the first] (made once)."""
