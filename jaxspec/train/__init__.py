@@ -1,6 +1,5 @@
-"""Training EAGLE-1 / EAGLE-3 draft heads: data regeneration (data.py), losses (losses.py), loop (trainer.py)."""
+"""Training EAGLE-1 / EAGLE-3 draft heads: data regeneration (data.py), losses (losses.py), loop (trainer.py),
+self-written prompts (magpie.py), the `jaxspec train-eagle` command (command.py).
 
-from jaxspec.train.data import TokenDataset, draft_vocab, generate_dataset
-from jaxspec.train.trainer import export_head, train_eagle
-
-__all__ = ["TokenDataset", "draft_vocab", "export_head", "generate_dataset", "train_eagle"]
+Nothing is imported here: the CLI builds `train-eagle`'s parser from magpie.py on every `jaxspec` start, and the
+training loop's imports (optax, the trainer) belong to training only."""
