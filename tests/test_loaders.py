@@ -124,6 +124,16 @@ def test_bad_hf_config_names_file_and_field(hf_dir, case):
         load_hf_llama(hf_dir)
 
 
+@pytest.mark.parametrize("kv", [3, 8])
+def test_kv_heads_that_do_not_divide_fail_before_any_weight(hf_dir, kv):
+    """load_format='dummy' draws weights of the config's own shapes, so no tensor disagrees with it: the check must
+    be the config's (it was `TypeError: cannot reshape array of shape (16, 1, 4, 16)` from inside attention)."""
+    edit_json(hf_dir / "config.json", setter(num_key_value_heads=kv))
+    with raises_naming(hf_dir / "config.json", f"num_key_value_heads={kv}", "num_attention_heads=4"):
+        LLM(str(hf_dir), load_format="dummy", max_model_len=64, max_num_seqs=2, warmup=False).generate(
+            [[1, 2, 3]], use_tqdm=False)
+
+
 @pytest.mark.parametrize("text, words", [("{\"vocab_size\": ", ("not valid JSON",)), ("[1, 2]", ("JSON object",)),
                                          (b"\xff\xfe\x00{", ("not valid JSON",))])
 def test_hf_config_not_a_json_object(hf_dir, text, words):
