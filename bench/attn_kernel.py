@@ -17,7 +17,6 @@ import argparse
 import itertools
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -27,20 +26,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.data import load_hf_config  # noqa: E402
+from jaxspec.bench.timing import median_time  # noqa: E402
 from jaxspec.models import attention, llama, paged_kernel  # noqa: E402
 from jaxspec.models.kernel_config import KernelConfig  # noqa: E402
 
 FIELDS = ("page_size", "block_tokens", "num_warps", "num_stages", "programs")
-
-
-def median_time(f, *args, iters: int) -> float:
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def over_layers(kernel, reps: int, layer_pages: int):
