@@ -125,7 +125,8 @@ def test_two_thousand_requests_complete_and_free_every_page(weights):
 def test_no_compilation_during_generation(weights, prompts):
     """Warm-up compiles exactly the programs generation runs, with either GEMM backend (step.program): here
     decode buckets below 4 tokens keep XLA's GEMMs and the rest use cuBLAS. Every sampling option is used, in
-    batches that mix them: greedy, random, top-k/top-p, processors, logprobs, prompt logprobs, n > 1."""
+    batches that mix them: greedy, random, top-k/top-p, processors, logprobs, prompt logprobs, n > 1; and
+    a greedy batch with processors and logprobs."""
     from jaxspec.engine import step
 
     programs = lambda cublas: sum(step.compiled(s, cublas)._cache_size()  # noqa: E731
@@ -144,9 +145,12 @@ def test_no_compilation_during_generation(weights, prompts):
         params = [SamplingParams(**{"temperature": [0, 0.8][i % 2] if "n" not in o else 0.8, "seed": i,
                                     "max_tokens": 6, **o}) for i, o in enumerate(options * 2)]
         llm.generate(prompts[:len(params)], params, use_tqdm=False)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, logprobs=1, presence_penalty=0.5),
+                     use_tqdm=False)  # all greedy, extended
     assert compiled == []
-    # 5 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the admission and page-copy programs
-    assert llm.num_compiled == 5 * (len(llm.engine_config.decode_buckets) + len(llm.engine_config.prefill_buckets)) + 2
+    # 6 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the admission and page-copy programs
+    cfg = llm.engine_config
+    assert llm.num_compiled == 6 * len(cfg.decode_buckets) + 5 * len(cfg.prefill_buckets) + 2
 
 
 def test_async_dispatches_next_step_before_reading_previous(weights, prompts):

@@ -212,3 +212,24 @@ def test_apply_matches_oracle_at_every_position(name):
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6 * np.abs(want[finite]).max())
     assert (~finite).any() or name not in ("bad_words", "allowed", "min_tokens")  # the bans did happen
+
+
+@pytest.mark.parametrize("V, num", [(1000, 20), (49152 // 8, 5), (300, 20), (100, 7), (20, 20)])
+def test_top_n_equals_lax_top_k(V, num):
+    """Blocks-of-maxima top-N against the full top_k: same values and, with no ties, the same ids; a vocabulary
+    that is not a multiple of the block, and more blocks wanted than exist."""
+    x = jnp.asarray(np.random.default_rng(V).normal(0, 4, (3, 4, V)), jnp.float32)
+    (want_v, want_i), (got_v, got_i) = jax.lax.top_k(x, num), processors.top_n(x, num)
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_array_equal(got_i, want_i)
+
+
+def test_top_n_of_rows_that_are_mostly_minus_infinity():
+    """Fewer finite values than N (a filtered distribution): those first, then -inf at ids inside the vocabulary
+    (the padding of the last block is never chosen)."""
+    x = np.full((2, 1000), -np.inf, np.float32)
+    x[:, [3, 999, 500]] = [1.0, 2.0, 3.0]
+    values, ids = processors.top_n(jnp.asarray(x), 20)
+    np.testing.assert_array_equal(values[:, :3], [[3.0, 2.0, 1.0]] * 2)
+    np.testing.assert_array_equal(ids[:, :3], [[500, 999, 3]] * 2)
+    assert np.all(np.asarray(values[:, 3:]) == -np.inf) and 0 <= int(ids.min()) and int(ids.max()) < 1000

@@ -30,12 +30,14 @@ logger = logging.getLogger("jaxspec")
 
 # A batch's kind: (all_greedy, filtered, extended, prompt_logprobs), from its rows (SamplingTable.batch) and, for
 # prefill, whether a chunk wants prompt logprobs. Each step maps it to few compiled variants: the extended decode
-# keeps only the filtered flag (greedy rows are handled per row), and the extended prefill always filters (its
-# sort covers R rows, not B * (k+1)). So a warm engine has 5 decode and 5 prefill variants per bucket.
+# keeps all_greedy (a greedy batch with processors or logprobs never builds the sampling distribution) and, for
+# sampling batches, the filtered flag; the extended prefill always filters (its sort covers R rows, not B * (k+1)).
+# So a warm engine has 6 decode and 5 prefill variants per bucket.
 BatchKind = tuple[bool, bool, bool, bool]
 ALL_KINDS: tuple[BatchKind, ...] = ((True, False, False, False), (False, False, False, False),
-                                    (False, True, False, False), (False, False, True, False),
-                                    (False, True, True, False), (False, True, True, True))
+                                    (False, True, False, False), (True, False, True, False),
+                                    (False, False, True, False), (False, True, True, False),
+                                    (False, True, True, True))
 # Greedy, random, and top-k/top-p without processors or logprobs: what a GPU compiles at start-up by default
 # (LLM(warmup="auto")); the extended kinds compile on first use there (each one logged).
 BASIC_KINDS: tuple[BatchKind, ...] = ALL_KINDS[:3]
@@ -43,7 +45,7 @@ BASIC_KINDS: tuple[BatchKind, ...] = ALL_KINDS[:3]
 
 def decode_mode(kind: BatchKind) -> BatchKind:
     all_greedy, filtered, extended, _ = kind
-    return (False, filtered, True, False) if extended else (all_greedy, filtered, False, False)
+    return (all_greedy, filtered, extended, False)  # prompt logprobs are prefill's only
 
 
 def prefill_mode(kind: BatchKind) -> BatchKind:

@@ -16,9 +16,9 @@ output distribution stays the processed target's (tests/test_processors.py check
 Logprobs are log-softmax of that final distribution: for greedy rows the processed logits' log_softmax (what
 transformers' log_softmax of the same logits gives), for random rows the log of the distribution sampled from.
 
-Cost: penalties count with the slot's committed counts at every position, then only the draft tokens' logits
-are corrected per position (k^2 small updates), never a [B, k+1, V] count tensor. Bad words compare a window of
-the recent history (a per-slot ring of HISTORY tokens, committed on device) with each word: [B, k+1, W, L].
+Cost: one fused elementwise pass for steps 1 and 2 (the count at position j is the slot's committed count plus
+one compare per earlier draft), then one scatter of the bad words' bans. Bad words compare a window of the
+recent history (a per-slot ring of HISTORY tokens, committed on device) with each word: [B, k+1, W, L].
 
 Device state per slot (ProcessorState, in step.SlotState; memory (S+1) * V * 10 bytes): output counts and the
 prompt's token mask (set in prefill, counted in every extended commit), the bias row and the min_tokens stop
@@ -100,23 +100,17 @@ def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorSt
     out_index = q0[:, None] + 1 + jnp.arange(T) - p.prompt_len[:, None]  # [B, T]: output index of each token
     too_short = (out_index < p.min_tokens[:, None])[..., None] & rows.stop_mask[:, None]
     x = jnp.where(too_short, -jnp.inf, x)
-    x = _ban_bad_words(x, inputs, q0, rows, p.prompt_len)
-    # penalties with the committed counts everywhere, then the drafts' own tokens per position
+    # output counts at position j: the committed counts plus the drafts before j (inputs[:, 1 + i], i < j), one
+    # elementwise term per draft so that XLA fuses the whole pass (no [B, T, V] scatter)
+    vocab = jnp.arange(V, dtype=jnp.int32)
+    count = jnp.broadcast_to(rows.counts[:, None], (B, T, V))
+    for i in range(T - 1):
+        later = (jnp.arange(T) > i)[None, :, None]  # positions after draft i
+        count = count + ((inputs[:, 1 + i, None, None] == vocab) & later).astype(jnp.int32)
+    seen = rows.prompt_mask[:, None] | (count > 0)
     pb = jax.tree.map(lambda a: a[:, None, None], p)  # [B, 1, 1]
-    seen = rows.prompt_mask | (rows.counts > 0)
-    out = _penalize(x, rows.counts[:, None], seen[:, None], pb)
-    drafts = inputs[:, 1:]  # [B, k] at positions q0+1 .. q0+k
-    if drafts.shape[1]:
-        k = drafts.shape[1]
-        same = drafts[:, None, :, None] == drafts[:, None, None, :]  # [B, 1, k(i), k(i')]
-        before = (jnp.arange(k)[None, :] < jnp.arange(T)[:, None])[None, :, None, :]  # [1, T, 1, k(i')]: i' < j
-        extra = jnp.sum(same & before, axis=-1, dtype=jnp.int32)  # [B, T, k]: draft i's token among those before j
-        count = jnp.take_along_axis(rows.counts, drafts, axis=1)[:, None] + extra  # [B, T, k]
-        seen_d = jnp.take_along_axis(rows.prompt_mask, drafts, axis=1)[:, None] | (count > 0)
-        at = jnp.broadcast_to(drafts[:, None], (B, T, k))
-        x_d = jnp.take_along_axis(x, at, axis=2)  # [B, T, k]
-        b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
-        out = out.at[b, t, at].set(_penalize(x_d, count, seen_d, pb))  # duplicates write equal values
+    out = _penalize(x, count, seen, pb)
+    out = _ban_bad_words(out, inputs, q0, rows, p.prompt_len)  # after the penalties: -inf stays -inf under each
     out = jnp.where(p.extended[:, None, None], out, raw)  # a stale slot's state never reaches a plain row
     return jnp.where(jnp.max(out, axis=-1, keepdims=True) > -jnp.inf, out, raw)  # nothing left: unprocessed
 
@@ -137,41 +131,73 @@ def _ban_bad_words(x: jax.Array, inputs: jax.Array, q0: jax.Array, rows: Process
     return x.at[b, t, jnp.maximum(banned, 0)].min(jnp.where(match, -jnp.inf, jnp.inf))  # [B, T, W] bans
 
 
-def distribution_logprobs(processed: jax.Array, probs: jax.Array, temperature: jax.Array) -> jax.Array:
-    """Log-probabilities [B, T, V] of the distribution sampled from: `probs` (filter_probs' output) for random
-    rows, computed from the processed logits (log-softmax, not log(probs): exact far into the tail); greedy rows
-    get the processed logits' log-softmax at temperature 1."""
+def distribution_scores(processed: jax.Array, probs: jax.Array, temperature: jax.Array) -> jax.Array:
+    """Scores [B, T, V] whose log-softmax is the log-probability of the distribution sampled from: `probs`
+    (filter_probs' output) for random rows, from the processed logits / temperature (log-softmax, not log(probs):
+    exact far into the tail), -inf where probs is 0; greedy rows get the processed logits (temperature 1)."""
     greedy = (temperature <= 0)[:, None, None]
     t = jnp.where(temperature > 0, temperature, 1.0)[:, None, None]
     kept = jnp.where(greedy, processed > -jnp.inf, probs > 0)
-    return jax.nn.log_softmax(jnp.where(kept, processed / t, -jnp.inf), axis=-1)
+    return jnp.where(kept, processed / t, -jnp.inf)
 
 
-def pack_logprobs(lp: jax.Array, tokens: jax.Array, num: int) -> jax.Array:
-    """[B, T, 2 + 2 num] int32 for tokens [B, T] (-1: none) of log-probabilities lp [B, T, V]: per position the
+def pack_logprobs(scores: jax.Array, tokens: jax.Array, num: int) -> jax.Array:
+    """[B, T, 2 + 2 num] int32 for tokens [B, T] (-1: none) under log_softmax(scores [B, T, V]): per position the
     token's logprob (fp32 bits) and rank (1 = most likely; ties count), then the top `num` logprobs (fp32 bits)
-    and their ids (host: logprob_output.py)."""
-    token_lp = jnp.take_along_axis(lp, jnp.maximum(tokens, 0)[..., None], axis=-1)  # [B, T, 1]
-    rank = jnp.sum(lp >= token_lp, axis=-1, keepdims=True, dtype=jnp.int32)
+    and their ids (host: logprob_output.py). Rank and top-N are taken on the scores (the log-softmax only
+    subtracts a per-row constant), so the [B, T, V] log-softmax is never written out: one logsumexp per row."""
+    lse = jax.nn.logsumexp(scores, axis=-1, keepdims=True)  # [B, T, 1]
+    token_score = jnp.take_along_axis(scores, jnp.maximum(tokens, 0)[..., None], axis=-1)  # [B, T, 1]
+    rank = jnp.sum(scores >= token_score, axis=-1, keepdims=True, dtype=jnp.int32)
     bits = partial(jax.lax.bitcast_convert_type, new_dtype=jnp.int32)
-    cols = [bits(token_lp), rank]
+    cols = [bits(token_score - lse), rank]
     if num:
-        top_lp, top_ids = jax.lax.top_k(lp, num)
-        cols += [bits(top_lp), top_ids.astype(jnp.int32)]
+        # XLA:CPU's top_k is a fast selection (5x quicker than top_n there); XLA:GPU's is not (top_n's docstring)
+        top, ids = top_n(scores, num) if jax.default_backend() == "gpu" else jax.lax.top_k(scores, num)
+        cols += [bits(top - lse), ids.astype(jnp.int32)]
     return jnp.concatenate(cols, axis=-1)
 
 
+def top_n(x: jax.Array, num: int, block: int = 128) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k(x, num)` over the last axis, exact in values, from a fraction of the candidates: the top
+    `num` elements lie in the `num` blocks of `block` consecutive ids with the largest maxima (a block holding one
+    of them has a maximum at least as large as it), so one max-reduction picks those blocks and top_k runs on
+    num * block candidates instead of V (the full-vocabulary top_k costs 1.7 ms for 384 rows x 49,152 at num = 20
+    on the H200, bench/sampler_cost.py). Among tied values the ids may differ from top_k's. Ids are int32 < V."""
+    *lead, V = x.shape
+    pad = (-V) % block
+    blocks = jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)], constant_values=-jnp.inf).reshape(*lead, -1, block)
+    num_blocks = min(num, blocks.shape[-2])
+    _, chosen = jax.lax.top_k(jnp.max(blocks, axis=-1), num_blocks)  # [..., num_blocks]
+    candidates = jnp.take_along_axis(blocks, chosen[..., None], axis=-2).reshape(*lead, -1)
+    ids = (chosen[..., None] * block + jnp.arange(block)).reshape(*lead, -1)  # [..., num_blocks * block]
+    # order-preserving int keys, padding below every float (-inf included), so a padded id is never chosen
+    key = jax.lax.bitcast_convert_type(candidates, jnp.int32)
+    key = jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key)
+    key = jnp.where(ids < V, key, jnp.iinfo(jnp.int32).min)
+    _, at = jax.lax.top_k(key, num)
+    return jnp.take_along_axis(candidates, at, axis=-1), jnp.take_along_axis(ids, at, axis=-1).astype(jnp.int32)
+
+
 def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, rows: ProcessorState,
-           packed: jax.Array, filtered: bool, num_logprobs: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+           packed: jax.Array, filtered: bool, num_logprobs: int,
+           all_greedy: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`sampler.rejection_sample` of the drafts inputs[:, 1:] against the processed target (min_p included),
-    keyed on positions q0 + 1 ..; returns (tokens [B, T], n_acc [B], logprobs of the tokens [B, T, 2 + 2 num])."""
+    keyed on positions q0 + 1 ..; returns (tokens [B, T], n_acc [B], logprobs of the tokens [B, T, 2 + 2 num]).
+    all_greedy (static): every row is greedy, so the drafts are checked against the processed argmax and the
+    sampling distribution (softmax, min_p, random draws) is never built."""
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     p = Params.unpack(packed)
     processed = apply(logits, inputs, q0, rows, p)
-    probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, p.min_p)
-    tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
-    lp = distribution_logprobs(processed, probs, temperature)
-    return tokens, n_acc, pack_logprobs(lp, tokens, num_logprobs)
+    if all_greedy:
+        tokens, n_acc = sampler.rejection_sample(processed, inputs[:, 1:], num_valid, temperature, top_k, top_p,
+                                                 seeds, q0 + 1, all_greedy=True)
+        scores = processed  # distribution_scores of greedy rows
+    else:
+        probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, p.min_p)
+        tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
+        scores = distribution_scores(processed, probs, temperature)
+    return tokens, n_acc, pack_logprobs(scores, tokens, num_logprobs)
 
 
 def count_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, positions: jax.Array,

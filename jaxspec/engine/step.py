@@ -53,7 +53,7 @@ class StepSpec:
     max_model_len: int
     all_greedy: bool = True
     filtered: bool = False
-    extended: bool = False  # processors and logprobs (all_greedy is then False: greedy rows are handled per row)
+    extended: bool = False  # processors and logprobs (decode: all_greedy skips the sampling distribution)
     prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
     num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
@@ -181,7 +181,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
     if spec.extended:
         emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, state.proc.rows(slots),
-                                                     sampling, spec.filtered, spec.num_logprobs)
+                                                     sampling, spec.filtered, spec.num_logprobs, spec.all_greedy)
     else:
         emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p,
                                                   seeds, n, spec.all_greedy, spec.filtered)
@@ -265,8 +265,8 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
         out = jnp.concatenate([out, logprobs[:, 0]], axis=1)  # [R, 2 + W]
     if spec.prompt_logprobs:  # every flat token's next token under the raw target: [N, V] logits, this variant only
-        lp = jax.nn.log_softmax(llama.lm_head(tw, hidden[0]).astype(jnp.float32), axis=-1)
-        prompt = processors.pack_logprobs(lp[None], next_tokens[None], spec.num_logprobs)[0]  # [N, W]
+        scores = llama.lm_head(tw, hidden[0]).astype(jnp.float32)
+        prompt = processors.pack_logprobs(scores[None], next_tokens[None], spec.num_logprobs)[0]  # [N, W]
         out = jnp.concatenate([out, jnp.pad(prompt, ((0, 0), (2, 0)))], axis=0)  # [R + N, 2 + W]
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(first_pos + 1), num_drafts=state.num_drafts.at[slots].set(k),

@@ -1,0 +1,123 @@
+"""Device time of the sampling stages of a verify step, one jitted function per stage: the plain greedy
+rejection sampler against the extended step's (processors + logprobs) stages, and ways to take the top-N logprobs
+(lax.top_k over the vocabulary, processors.top_n, N argmax passes).
+
+    python bench/sampler_cost.py --batch 96 --k 3 --vocab 49152 --num-logprobs 5,20
+
+Each stage is timed alone (median of --iters calls, each waited on), so fusion across stages is left out: the
+figures say which stage dominates, not the step's exact total. Random logits (fp32 scale of real ones), greedy
+rows, presence penalty on, counts from a random history. Writes JSON with --output-json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jaxspec.bench.timing import median_time  # noqa: E402
+from jaxspec.engine import processors, sampler  # noqa: E402
+
+
+def median_ms(f, *args, iters: int) -> float:
+    return 1e3 * median_time(f, *args, iters=iters)
+
+
+def inputs(B: int, T: int, V: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    logits = jnp.asarray(rng.normal(0, 3, (B, T, V)), jnp.bfloat16)
+    tokens = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    q0 = jnp.asarray(rng.integers(200, 600, B), jnp.int32)
+    num_valid = jnp.full((B,), T - 1, jnp.int32)
+    state = processors.ProcessorState.init(B, V)
+    history = rng.integers(0, V, (B + 1, 300))
+    counts = np.zeros((B + 1, V), np.int32)
+    np.add.at(counts, (np.arange(B + 1)[:, None], history), 1)
+    state = processors.ProcessorState(jnp.asarray(counts), state.prompt_mask, state.bias, state.stop_mask,
+                                      state.bad_words, state.history)
+    packed = jnp.asarray(sampler.pack_params([0.0] * B, [0] * B, [1.0] * B, list(range(B)),
+                                             presence_penalty=[0.5] * B, repetition_penalty=[1.0] * B,
+                                             prompt_len=[100] * B, extended=[1] * B))
+    slots = jnp.arange(B, dtype=jnp.int32)
+    return logits, tokens, q0, num_valid, state, packed, slots
+
+
+def top_n_argmax(lp: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
+    """Exact top-N by N argmax passes, masking each winner."""
+    vals, ids = [], []
+    x = lp
+    for _ in range(num):
+        i = jnp.argmax(x, axis=-1)
+        vals.append(jnp.take_along_axis(x, i[..., None], axis=-1)[..., 0])
+        ids.append(i)
+        x = jnp.where(jnp.arange(x.shape[-1]) == i[..., None], -jnp.inf, x)
+    return jnp.stack(vals, -1), jnp.stack(ids, -1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--num-logprobs", default="5,20")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--output-json")
+    args = ap.parse_args()
+    B, T, V = args.batch, args.k + 1, args.vocab
+    logits, tokens, q0, num_valid, state, packed, slots = inputs(B, T, V)
+    rows = jax.jit(lambda s, sl: s.rows(sl))(state, slots)
+    temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
+    p = processors.Params.unpack(packed)
+    processed = jax.jit(processors.apply)(logits, tokens, q0, rows, p)
+    probs = jax.jit(sampler.filter_probs, static_argnums=4)(processed, temperature, top_k, top_p, False, p.min_p)
+    scores = jax.jit(processors.distribution_scores)(processed, probs, temperature)
+    emitted = jnp.where(jnp.arange(T) < 2, tokens, -1)
+    it = dict(iters=args.iters)
+    stages: dict[str, float] = {}
+    stages["plain greedy rejection_sample"] = median_ms(
+        jax.jit(lambda l, t, n, s, q: sampler.rejection_sample(l, t[:, 1:], n, temperature, top_k, top_p, s, q,
+                                                               True, False)), logits, tokens, num_valid, seeds, q0,
+        **it)
+    stages["rows(slots) gather"] = median_ms(jax.jit(lambda s, sl: s.rows(sl)), state, slots, **it)
+    stages["apply (processors)"] = median_ms(jax.jit(processors.apply), logits, tokens, q0, rows, p, **it)
+    stages["filter_probs (min_p on)"] = median_ms(jax.jit(sampler.filter_probs, static_argnums=4),
+                                                  processed, temperature, top_k, top_p, False, p.min_p, **it)
+    stages["accept"] = median_ms(jax.jit(sampler.accept), probs, tokens[:, 1:], num_valid, seeds, q0 + 1, **it)
+    stages["distribution_scores"] = median_ms(jax.jit(processors.distribution_scores), processed, probs,
+                                                temperature, **it)
+    stages["log_softmax alone"] = median_ms(jax.jit(lambda x: jax.nn.log_softmax(x, axis=-1)), processed, **it)
+    for num in [int(n) for n in args.num_logprobs.split(",")]:
+        stages[f"pack_logprobs N={num}"] = median_ms(jax.jit(processors.pack_logprobs, static_argnums=2),
+                                                     scores, emitted, num, **it)
+        stages[f"lax.top_k N={num}"] = median_ms(jax.jit(jax.lax.top_k, static_argnums=1), scores, num, **it)
+        stages[f"processors.top_n N={num}"] = median_ms(jax.jit(processors.top_n, static_argnums=1), scores, num, **it)
+        stages[f"argmax passes N={num}"] = median_ms(jax.jit(top_n_argmax, static_argnums=1), scores, num, **it)
+        for greedy in (False, True):
+            stages[f"processors.sample N={num}{' all_greedy' if greedy else ''}"] = median_ms(
+                jax.jit(processors.sample, static_argnums=(6, 7, 8)), logits, tokens, num_valid, q0, rows, packed,
+                False, num, greedy, **it)
+    stages["rank (sum scores >= token)"] = median_ms(
+        jax.jit(lambda x, t: jnp.sum(x >= jnp.take_along_axis(x, jnp.maximum(t, 0)[..., None], -1), -1)),
+        scores, emitted, **it)
+    result = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, host=platform.node(),
+                  date=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(sys.argv), batch=B, tokens=T, vocab=V,
+                  median_ms=stages)
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result, indent=1))
+    width = max(map(len, stages))
+    print(f"{B} rows x {T} positions x {V} vocab on {result['device']}, median of {args.iters}")
+    for name, ms in stages.items():
+        print(f"  {name:<{width}}  {ms:8.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
