@@ -128,6 +128,34 @@ def test_sweep_without_the_plain_mode(tmp_path):
                                                                    ("eagle k=2 synthetic p=0.5", False)}
 
 
+def test_repeats_report_the_median_run_of_rotated_rounds(tmp_path, monkeypatch):
+    """--repeats 3 with --sweep-k: every policy is timed three times, each round starting with the next policy,
+    and its point is the median run, with all three figures."""
+    from jaxspec.bench import throughput
+
+    order, real = [], throughput.timed_point
+
+    def timed(args, bench, llm, prompts, point, outputs):
+        order.append(point["mode"])
+        return real(args, bench, llm, prompts, point, outputs)
+
+    monkeypatch.setattr(throughput, "timed_point", timed)
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    result = main(["--load-format", "dummy", "--hf-config", str(tmp_path / "config.json"), "--sweep",
+                   "--sweep-prompts", "2", "--sweep-k", "--sweep-no-plain", "--repeats", "3",
+                   "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 1}', *SMALL,
+                   "--results-dir", str(tmp_path)])
+    assert not result["errors"], result["errors"]
+    modes = ["eagle k=1 dynamic", "eagle k=1 k=0", "eagle k=1 k=1"]
+    assert order == modes + modes[1:] + modes[:1] + modes[2:] + modes[:2]
+    assert [p["mode"] for p in result["points"]] == modes
+    for p in result["points"]:
+        runs = p["repeats_output_tokens_per_s"]
+        assert len(runs) == 3 and p["output_tokens_per_s"] == sorted(runs)[1]
+    with pytest.raises(SystemExit):
+        main(["--model", "no-model-needed", "--repeats", "0"])
+
+
 def test_rerender_and_cli(sweep, capsys):
     """`jaxspec bench throughput --from-json` re-renders a saved run; the section is replaced, not duplicated."""
     from jaxspec.cli import main as cli_main

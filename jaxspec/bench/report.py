@@ -35,7 +35,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def _ok(p: dict | None) -> bool:
+def ok(p: dict | None) -> bool:
     return p is not None and "error" not in p and "skipped" not in p
 
 
@@ -46,8 +46,8 @@ def comparisons(result: dict) -> list[dict]:
     rows = []
     for n, mode in dict.fromkeys((p["num_prompts"], p["mode"]) for p in result["points"]):
         a, s = by_key.get((n, mode, True)), by_key.get((n, mode, False))
-        tok = lambda p: p["output_tokens_per_s"] if _ok(p) else None  # noqa: E731
-        one = a if _ok(a) else s if _ok(s) else None
+        tok = lambda p: p["output_tokens_per_s"] if ok(p) else None  # noqa: E731
+        one = a if ok(a) else s if ok(s) else None
         hf = hf_runs.get(str(n), {})
         rows.append({
             "num_prompts": n, "mode": mode, "async_tok_s": tok(a), "sync_tok_s": tok(s),
@@ -81,7 +81,7 @@ def profile_table(result: dict) -> str:
     """Device busy fraction sampled by NVML in an untraced run and from the traces; host time per step from the
     unprofiled timed run of the same mode, scheduling and prompt count when there is one (the profiler slows the
     host), else from the traced run."""
-    timed = {(p["num_prompts"], p["mode"], p["async"]): p for p in result["points"] if _ok(p)}
+    timed = {(p["num_prompts"], p["mode"], p["async"]): p for p in result["points"] if ok(p)}
     rows = []
     for p in result.get("profile", []):
         t = timed.get((p.get("num_prompts"), p.get("mode"), p.get("async")))
@@ -137,7 +137,7 @@ def roofline(result: dict) -> list[dict]:
         return rows
     for p in result["points"]:
         model = result["models"].get(p["mode"])
-        if not _ok(p) or model is None or not p.get("num_steps"):
+        if not ok(p) or model is None or not p.get("num_steps"):
             continue
         batch = min(p["num_prompts"], result["args"]["max_num_seqs"])
         ctx = p["prompt_tokens"] / p["num_requests"] + 0.5 * p["output_tokens"] / p["num_requests"]
@@ -201,7 +201,7 @@ def plot(result: dict, path: str | Path) -> str:
     for i, mode in enumerate(dict.fromkeys(p["mode"] for p in result["points"])):
         for is_async, style in ((True, "-o"), (False, "--s")):
             pts = sorted((p["num_prompts"], p["output_tokens_per_s"]) for p in result["points"]
-                         if p["mode"] == mode and p["async"] == is_async and _ok(p))
+                         if p["mode"] == mode and p["async"] == is_async and ok(p))
             if pts:
                 ax.plot(*zip(*pts), style, color=f"C{i}", label=f"{mode}, {'async' if is_async else 'sync'}")
     hf = sorted((r["num_prompts"], r["output_tokens_per_s"]) for r in (result.get("hf") or {}).get("runs", {}).values())

@@ -12,7 +12,8 @@ and the JSON and the sweep goes on.
 
 Order of work: prompts (no jax), the HF peer in a child process (before jax claims the GPU), bandwidth, every
 mode's LLM (all compiling up front), then prompt counts outer and modes inner (a spent --time-budget-s loses the
-largest counts, not a whole mode), then the profiles. Each stage is timed and printed (`[bench ...s] ...`, one
+largest counts, not a whole mode; with --repeats R each count runs its modes R times, each round starting one mode
+later, and reports the median run: the first run after a switch of LLM is slower), then the profiles. Each stage is timed and printed (`[bench ...s] ...`, one
 line per compiled program) so a slow compile shows where the minutes went: on the H200 one unrolled-layer
 program takes 30 to 60 s, so pass few --decode-buckets / --prefill-buckets.
 """
@@ -132,6 +133,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"replace this run's section in RESULTS.md (default {RESULTS_MD.relative_to(ROOT)})")
     s.add_argument("--from-json", help="render an earlier result JSON (tables, plot, RESULTS.md); runs nothing")
     s.add_argument("--label", help="name of this configuration in tables and RESULTS.md")
+    s.add_argument("--repeats", type=int, default=1,
+                   help="time each point this many times, each round starting with the next mode or policy, and "
+                        "report the median run (outputs and order effects: all runs are in the JSON)")
     s.add_argument("--time-budget-s", type=float, default=0.0,
                    help="skip remaining runs once this many seconds have passed (0: no limit)")
 
@@ -375,6 +379,8 @@ def run(args) -> dict:
         finish(args, result, [], render_only=True)
         return result
     args.dataset_name = check_dataset(args)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.ignore_eos is None:
         args.ignore_eos = not args.dataset
     src = model_source(args)
@@ -460,17 +466,22 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
     llms = {label: bench.guard(f"build {label}", build, args, src, target, spec, bench, prompts, counts)
             if target and not bench.out_of_time() else None for label, spec in modes}
     outputs: dict = {}
+    schedulings = [True, False] if args.sweep and not args.sweep_k else [args.async_scheduling]
     for n in counts:
-        for label, llm in llms.items():
-            for policy_label, policy in policies(args, llm, label):
+        jobs = [(llm, policy_label, policy) for label, llm in llms.items()
+                for policy_label, policy in policies(args, llm, label)]
+        runs: dict[tuple[str, bool], list[dict]] = {}
+        for rep in range(args.repeats):
+            for llm, policy_label, policy in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
                 if policy is not None:
                     llm.llm_engine.spec_policy = policy
-                schedulings = [True, False] if args.sweep and not args.sweep_k else [args.async_scheduling]
                 for is_async in schedulings:
                     point = {"num_prompts": n, "mode": policy_label, "async": is_async}
-                    point |= timed_point(args, bench, llm, prompts[:n], point, outputs)
-                    result["points"].append(point)
-                    bench.save()
+                    runs.setdefault((policy_label, is_async), []).append(
+                        point | timed_point(args, bench, llm, prompts[:n], point, outputs))
+        for points in runs.values():
+            result["points"].append(median_point(points))
+        bench.save()
     for label, llm in llms.items():
         if llm is not None and args.profile_dir and not bench.out_of_time():
             profile(args, bench, llm, label, prompts, counts)
@@ -492,6 +503,16 @@ def policies(args, llm, label: str) -> list[tuple[str, object]]:
     dynamic = engine._sweep_dynamic
     assert isinstance(dynamic, DynamicPolicy), "--sweep-k builds the head's LLM with the dynamic policy"
     return [(f"{label} dynamic", dynamic)] + [(f"{label} k={k}", SpecPolicy(engine.k, k)) for k in range(engine.k + 1)]
+
+
+def median_point(points: list[dict]) -> dict:
+    """One (prompt count, mode, scheduling) of --repeats runs: the run of median output tok/s (the lower of the
+    two middle ones), with every run's figure; the first failed run if any failed."""
+    failed = [p for p in points if not report.ok(p)]
+    if failed or len(points) == 1:
+        return (failed or points)[0]
+    ranked = sorted(points, key=lambda p: p["output_tokens_per_s"])
+    return ranked[(len(ranked) - 1) // 2] | {"repeats_output_tokens_per_s": [p["output_tokens_per_s"] for p in points]}
 
 
 def timed_point(args, bench: Bench, llm, prompts, point: dict, outputs: dict) -> dict:
