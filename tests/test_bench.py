@@ -67,7 +67,10 @@ def test_sweep_point(sweep, capsys, monkeypatch):
     assert set(saved["identical"]) == {"2/eagle k=2", "2/no spec"}
     assert all(v["all"] and v["fraction"] == 1.0 for v in saved["identical"].values())
     assert saved["models"]["eagle k=2"]["bytes"]["draft_weights_per_pass"] > 0
+    assert saved["models"]["eagle k=2"]["flops"]["draft_verified_per_token"] > 0
+    assert saved["models"]["no spec"]["flops"]["draft_verified_per_token"] == 0
     assert saved["roofline"] == [] and saved["bandwidth"]["tb_s"] > 0  # measured, but a CPU's: no roofline
+    assert "Roofline" not in out and "FLOPs floor" not in out
     assert "\nno roofline: cpu is not a GPU (the floor is a GPU's memory bandwidth)\n" in out
     assert len(saved["profile"]) == 4
     assert all(0 < p["busy_fraction"] <= 1 and p["num_steps"] > 0 for p in saved["profile"])
@@ -298,22 +301,110 @@ def test_dataset_path_is_vllms_name_for_dataset(tmp_path):
     assert prompts[0] == prompts[1] == prompts[2] == [[0, 1, 2]] * 2
 
 
+H200 = {"backend": "gpu", "device_kind": "NVIDIA H200"}
+A100 = {"backend": "gpu", "device_kind": "NVIDIA A100-SXM4-80GB"}
+
+
+def _model(target_weights: float, target_flops: int = 0) -> dict:
+    """A result's model entry without speculation: `target_weights` bytes read, `target_flops` per token."""
+    flops = {"k": 0, "target_per_token": target_flops, "target_attn_per_token_ctx": 0, "draft_verified_per_token": 0,
+             "draft_rollout_per_token": 0, "draft_lm_head_per_token": 0, "draft_attn_per_token_ctx": 0}
+    return {"bytes": {"k": 0, "target_weights": target_weights, "draft_weights_per_pass": 0, "kv_per_token_target": 0,
+                      "kv_per_token_draft": 0}, "flops": flops}
+
+
+def _point(mode: str = "m", num_prompts: int = 1, step_ms: float = 2.0) -> dict:
+    return {"num_prompts": num_prompts, "num_requests": num_prompts, "mode": mode, "async": True, "num_steps": 10,
+            "prompt_tokens": 8 * num_prompts, "output_tokens": 8 * num_prompts, "wall_per_step_ms": step_ms}
+
+
 @pytest.mark.parametrize("machine, bandwidth, tbs, rows", [
-    ({"backend": "gpu", "device_kind": "NVIDIA H200"}, {}, None, 4.3),  # known for an H200
-    ({"backend": "gpu", "device_kind": "NVIDIA H200"}, {"tb_s": 4.0}, None, 4.0),  # measured wins
-    ({"backend": "gpu", "device_kind": "NVIDIA A100-SXM4-80GB"}, {}, 2.0, 2.0),  # given
-    ({"backend": "gpu", "device_kind": "NVIDIA A100-SXM4-80GB"}, {}, None, None),  # unknown: none
+    (H200, {}, None, 4.3),  # known for an H200
+    (H200, {"tb_s": 4.0}, None, 4.0),  # measured wins
+    (A100, {}, 2.0, 2.0),  # given
+    (A100, {}, None, None),  # unknown: none
     ({"backend": "cpu", "device_kind": "cpu"}, {"tb_s": 0.05}, 4.3, None),  # a CPU: never
 ])
 def test_roofline_only_with_a_gpus_bandwidth(machine, bandwidth, tbs, rows):
-    model = {"bytes": {"k": 0, "target_weights": 4.3e9, "draft_weights_per_pass": 0, "kv_per_token_target": 0,
-                       "kv_per_token_draft": 0}}
-    point = {"num_prompts": 1, "num_requests": 1, "mode": "m", "async": True, "num_steps": 10, "prompt_tokens": 8,
-             "output_tokens": 8, "wall_per_step_ms": 2.0}
-    result = {"machine": machine, "bandwidth": bandwidth, "args": {"bandwidth_tbs": tbs, "max_num_seqs": 1},
-              "points": [point], "models": {"m": model}}
+    result = {"machine": machine, "bandwidth": bandwidth, "matmul": {"tflop_s": 0.1},
+              "args": {"bandwidth_tbs": tbs, "matmul_tflops": 500.0, "max_num_seqs": 1},
+              "points": [_point()], "models": {"m": _model(4.3e9)}}
     got = report.roofline(result)
     if rows is None:
         assert got == [] and report.roofline_bandwidth(result)[1].startswith("no roofline: ")
     else:
         assert got[0]["bandwidth_tb_s"] == rows and got[0]["floor_ms"] == pytest.approx(4.3 / rows)
+
+
+@pytest.mark.parametrize("machine, matmul, tflops, rate", [
+    (H200, {}, None, report.KNOWN_MATMUL_TFLOPS["NVIDIA H200"]),  # known for an H200
+    (H200, {"tflop_s": 700.0}, 500.0, 700.0),  # measured wins
+    (A100, {}, 250.0, 250.0),  # given
+    (A100, {}, None, None),  # unknown: the byte floor only
+])
+def test_matmul_rate_sources(machine, matmul, tflops, rate):
+    result = {"machine": machine, "matmul": matmul, "args": {"bandwidth_tbs": 2.0, "matmul_tflops": tflops,
+                                                             "max_num_seqs": 1},
+              "points": [_point()], "models": {"m": _model(2e9, target_flops=int(1e12))}}
+    (row,) = report.roofline(result)
+    assert row["matmul_tflop_s"] == rate and row["bytes_floor_ms"] == pytest.approx(1.0)
+    if rate is None:
+        assert row["flops_floor_ms"] is None and row["bound"] is None and row["floor_ms"] == row["bytes_floor_ms"]
+        assert report.roofline_matmul(result)[1].startswith("no FLOPs floor: ")
+    else:
+        assert row["flops_floor_ms"] == pytest.approx(1e3 / rate)
+
+
+def test_floor_is_the_larger_and_the_table_names_it():
+    """A step is held to whichever of bytes / bandwidth and FLOPs / matmul rate is longer."""
+    result = {"machine": H200, "args": {"bandwidth_tbs": 4.0, "matmul_tflops": 800.0, "max_num_seqs": 96},
+              "points": [_point("small", 1, 3.0), _point("big", 96, 9.0)],
+              # 8e9 bytes: 2 ms. FLOPs per token 8e10: 0.1 ms at batch 1, 9.6 ms at batch 96
+              "models": {"small": _model(8e9, int(8e10)), "big": _model(8e9, int(8e10))}}
+    small, big = result["roofline"] = report.roofline(result)
+    assert (small["bound"], small["floor_ms"], small["flops_floor_ms"]) == ("bytes", pytest.approx(2.0),
+                                                                            pytest.approx(0.1))
+    assert (big["bound"], big["floor_ms"], big["bytes_floor_ms"]) == ("flops", pytest.approx(9.6), pytest.approx(2.0))
+    assert big["ratio"] == pytest.approx(9.0 / 9.6) and big["gflop_per_step"] == pytest.approx(96 * 80)
+    header, _, row_small, row_big = report.roofline_table(result).splitlines()
+    assert header.endswith("| bytes floor ms | FLOPs floor ms | floor ms | measured ms/step | measured/floor | bound |")
+    assert row_small.endswith("| 2.00 | 0.10 | 2.00 | 3.00 | 1.50x | bytes |")
+    assert row_big.endswith("| 2.00 | 9.60 | 9.60 | 9.00 | 0.94x | flops |")
+    assert report.roofline_rates(result) == "copy 4.00 TB/s (--bandwidth-tbs), matmul 800 TFLOP/s (--matmul-tflops)"
+
+
+def test_old_results_render_the_byte_floor_only():
+    """A JSON from before FLOPs were counted: stored rows without FLOP fields, models without "flops"."""
+    old_row = {"num_prompts": 1, "mode": "m", "async": True, "batch": 1, "ctx": 12.0, "gb_per_step": 4.3,
+               "floor_ms": 1.0, "step_ms": 2.0, "ratio": 2.0, "bandwidth_tb_s": 4.3, "bandwidth_measured": True}
+    result = {"machine": H200, "args": {"bandwidth_tbs": None, "max_num_seqs": 1}, "roofline": [old_row],
+              "points": [_point()], "models": {"m": {"bytes": _model(4.3e9)["bytes"]}}}
+    assert report.roofline_table(result).splitlines()[-1].endswith(
+        "| 4.30 | n/a | 1.00 | n/a | 1.00 | 2.00 | 2.00x | n/a |")
+    assert report.roofline_rates(result) == "copy 4.30 TB/s; no FLOPs floor: FLOPs not counted in this result"
+    (row,) = report.roofline(result)  # recomputed: the model has bytes only
+    assert row["gflop_per_step"] is None and row["bound"] is None and row["floor_ms"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("method, k, flops", [
+    (None, 0, 3 * 1 * (53248 + 10 * 256)),
+    # EAGLE-1: 3 verified pairs + 1 single-token pass, fc in each, the target's LM head for each of 2 drafts
+    ("eagle", 2, 3 * 3 * (53248 + 10 * 256) + 3 * (3 + 1) * (22528 + 10 * 128) + 3 * 2 * 16384),
+    # EAGLE-3: fc only in the pass over target features, attention 2H wide, a 64-token draft vocabulary
+    ("eagle3", 2, 3 * 3 * (53248 + 10 * 256) + 3 * 3 * (26624 + 10 * 128) + 3 * 1 * (22528 + 10 * 128)
+     + 3 * 2 * 4096),
+])
+def test_step_flops_against_a_hand_count(method, k, flops):
+    """H 32, I 64, 2 layers, 4 heads of 8, 2 KV heads, V 256; batch 3, k 2, context 10. Per layer qkv 32 x 64,
+    o 32 x 32, gate_up 32 x 128, down 64 x 32: 9,216 weights; target 2 x (2 x 9,216 + LM head 32 x 256) = 53,248
+    FLOPs per token, attention 4 x 4 x 8 x 2 layers = 256 per context token. EAGLE-1 head: fc 64 x 32 + one layer,
+    2 x 11,264 = 22,528; EAGLE-3: fc 64 x 32 (two aux layers) + qkv 64 x 64 + the rest, 2 x 13,312 = 26,624, without
+    fc 22,528, LM head 2 x 32 x 64; head attention 4 x 4 x 8 = 128. A plain step has k = 0: batch 3 x 1 token."""
+    from jaxspec.bench.engine import step_flops_per_token
+    from jaxspec.models import eagle, llama
+
+    cfg = llama.Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=8)
+    dcfg = None if method is None else eagle.EagleConfig.from_target(
+        cfg, method, draft_vocab_size=64 if method == "eagle3" else None, aux_layers=(0, 1))
+    assert report.step_flops({"flops": step_flops_per_token(cfg, dcfg, k)}, 3, 10) == flops

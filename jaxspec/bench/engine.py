@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import NamedTuple
@@ -20,7 +21,7 @@ import numpy as np
 
 from jaxspec.engine.step import compiled, decode_step, prefill_step
 from jaxspec.llm import LLM
-from jaxspec.models import llama
+from jaxspec.models import eagle, llama
 
 
 def load_target(ckpt, hf_config: dict, dummy: bool, dtype: str | None) -> tuple[llama.Config, object]:
@@ -67,11 +68,17 @@ def _nbytes(*trees) -> int:
 
 
 def model_bytes(llm: LLM) -> dict:
-    """Configs and what a decode step must read (report.py's roofline)."""
+    """Configs, what a decode step must read and what it must compute (report.py's roofline)."""
     runner = llm.llm_engine.runner
     tcfg, dcfg, tw, dw = llm.model_config, runner.spec.draft, runner.tw, runner.dw
     return {"config": dataclasses.asdict(tcfg), "draft_config": dataclasses.asdict(dcfg) if dcfg else None,
-            "total_weight_bytes": _nbytes(tw, dw), "bytes": step_read_bytes(tcfg, tw, dcfg, dw, runner.k)}
+            "total_weight_bytes": _nbytes(tw, dw)} | step_costs(tcfg, tw, dcfg, dw, runner.k)
+
+
+def step_costs(tcfg: llama.Config, tw, dcfg: eagle.EagleConfig | None, dw, k: int) -> dict:
+    """The per-step and per-token counts report.step_bytes and report.step_flops multiply out: the one cost model
+    of a decode step, shared by the throughput roofline and bench/step_time.py."""
+    return {"bytes": step_read_bytes(tcfg, tw, dcfg, dw, k), "flops": step_flops_per_token(tcfg, dcfg, k)}
 
 
 def step_read_bytes(tcfg, tw, dcfg, dw, k: int) -> dict:
@@ -88,6 +95,33 @@ def step_read_bytes(tcfg, tw, dcfg, dw, k: int) -> dict:
         b["draft_weights_per_pass"] = _nbytes(*own, dw.lm_head if dcfg.method == "eagle3" else head)
         b["kv_per_token_draft"] = 2 * dcfg.num_kv_heads * dcfg.head_dim * itemsize
     return b
+
+
+def _num_params(*infos) -> int:
+    return sum(math.prod(a.shape) for a in infos)
+
+
+def step_flops_per_token(tcfg: llama.Config, dcfg: eagle.EagleConfig | None, k: int) -> dict:
+    """FLOPs per token of each part of a decode step: 2 per weight of every matrix product (the target's qkv, o,
+    gate_up, down and LM head; the head's fc, qkv, o, gate_up, down and LM head: the target's for EAGLE-1, its own
+    over the draft vocabulary for EAGLE-3) and, per token of context, 4 * heads * head_dim per layer for attention
+    (QK^T and PV). Shapes from the models' `abstract()`, so they are the weights' own (KV heads copied under tensor
+    parallelism included). EAGLE-3's single-token passes skip fc: the head's own output is already H wide."""
+    t = llama.abstract(tcfg)
+    head = t.embed if t.lm_head is None else t.lm_head  # tied: the embedding is the LM head
+    layers = t.layers
+    f = {"k": k, "target_per_token": 2 * _num_params(layers.wqkv, layers.wo, layers.w_gate_up, layers.w_down, head),
+         "target_attn_per_token_ctx": 4 * tcfg.num_layers * tcfg.num_heads * tcfg.head_dim,
+         "draft_verified_per_token": 0, "draft_rollout_per_token": 0, "draft_lm_head_per_token": 0,
+         "draft_attn_per_token_ctx": 0}
+    if dcfg is not None:
+        d = eagle.abstract(dcfg)
+        layer, fc = 2 * _num_params(d.wqkv, d.wo, d.w_gate_up, d.w_down), 2 * _num_params(d.fc)
+        f |= {"draft_verified_per_token": fc + layer,
+              "draft_rollout_per_token": layer + (fc if dcfg.method == "eagle" else 0),
+              "draft_lm_head_per_token": 2 * _num_params(head if dcfg.method == "eagle" else d.lm_head),
+              "draft_attn_per_token_ctx": 4 * dcfg.num_heads * dcfg.head_dim}
+    return f
 
 
 class DecodeTiming(NamedTuple):

@@ -8,11 +8,17 @@ Roofline. A decode step must at least read every weight it multiplies by and the
 W_target counts the layers, the final norm and the LM head (the embedding matrix only when tied, as then it is
 the LM head: a lookup reads B rows, not the matrix). An EAGLE step makes k draft passes (one over the k+1
 verified positions, then k-1 single-token passes); each reads the head's layer and fc and an LM head (the
-target's for EAGLE-1, its own for EAGLE-3). ctx = mean prompt length + half the mean output length (the mean
-context over the run), batch = min(num_prompts, max_num_seqs). floor = bytes / copy bandwidth; the measured step
-is engine wall time / steps (prefill steps included, so ramp-up and tail count against us). The bandwidth is the
-GPU's measured one (--measure-bandwidth), else --bandwidth-tbs, else the figure known for its device kind; on a
-CPU, or a GPU of unknown bandwidth, there is no roofline (a floor in another device's bandwidth means nothing).
+target's for EAGLE-1, its own for EAGLE-3). It must also compute, at 2 FLOPs per weight of each matrix product
+(F_* per token, engine.step_flops_per_token) and 4 * heads * head_dim per layer per context token of attention (A_*):
+    FLOPs = batch * ((k+1) * (F_target + ctx * A_target) + (k+1) * (F_verified + ctx * A_draft)
+                     + (k-1) * (F_rollout + ctx * A_draft) + k * F_draft_lm_head)
+ctx = mean prompt length + half the mean output length (the mean context over the run), batch = min(num_prompts,
+max_num_seqs). floor = max(bytes / copy bandwidth, FLOPs / matmul rate), `bound` naming the larger; the measured
+step is engine wall time / steps (prefill steps included, so ramp-up and tail count against us). Each rate is the
+GPU's measured one (--measure-bandwidth, --measure-matmul), else the flag's (--bandwidth-tbs, --matmul-tflops),
+else the figure known for its device kind; on a CPU, or a GPU of unknown bandwidth, there is no roofline (a floor in
+another device's bandwidth means nothing), and on a GPU of unknown matmul rate only the byte floor. A result from
+before FLOPs were counted renders with the byte floor only.
 """
 
 from __future__ import annotations
@@ -110,8 +116,53 @@ def step_bytes(model: dict, batch: int, ctx: float) -> float:
             + batch * ctx * (b["kv_per_token_target"] + k * b["kv_per_token_draft"]))
 
 
+def step_flops(model: dict, batch: int, ctx: float) -> float | None:
+    """FLOPs one decode step must compute (module docstring), or None for a result from before FLOPs were
+    counted. Without a draft head its terms are zero."""
+    f = model.get("flops")
+    if f is None:
+        return None
+    k = f["k"]
+    attn = ctx * f["draft_attn_per_token_ctx"]
+    return batch * ((k + 1) * (f["target_per_token"] + ctx * f["target_attn_per_token_ctx"])
+                    + (k + 1) * (f["draft_verified_per_token"] + attn)  # the pass over the k+1 verified pairs
+                    + max(k - 1, 0) * (f["draft_rollout_per_token"] + attn)  # then k-1 single-token passes
+                    + k * f["draft_lm_head_per_token"])  # one LM head per drafted token
+
+
+def floors(nbytes: float, nflops: float | None, tb_s: float, tflop_s: float | None, tp: int = 1) -> dict:
+    """A step's floors in ms: bytes / bandwidth, FLOPs / matmul rate (None when either is unknown) and the larger,
+    `bound` naming it: a step may overlap its reads with its arithmetic but can finish neither sooner. Under tensor
+    parallelism each device reads and computes its share at the same time (a lower bound where KV heads or a
+    degree-1 draft head are replicated)."""
+    bytes_ms = 1e3 * nbytes / tp / (tb_s * 1e12)
+    flops_ms = None if nflops is None or tflop_s is None else 1e3 * nflops / tp / (tflop_s * 1e12)
+    if flops_ms is None:
+        return {"bytes_floor_ms": bytes_ms, "flops_floor_ms": None, "floor_ms": bytes_ms, "bound": None}
+    return {"bytes_floor_ms": bytes_ms, "flops_floor_ms": flops_ms, "floor_ms": max(bytes_ms, flops_ms),
+            "bound": "bytes" if bytes_ms >= flops_ms else "flops"}
+
+
 # Device-to-device copy bandwidth (read + write, TB/s) by jax device_kind, for runs that measured none.
 KNOWN_BANDWIDTH_TBS = {"NVIDIA H200": 4.3}  # DESIGN.md's figure
+# Dense bf16 matmul rate (TFLOP/s) by device kind, for runs that measured none. Not our measurement: the H100 SXM's
+# maximum achievable bf16 matmul rate in stas00/ml-engineering's MAMF table (792.1, CUDA 12.1, the best of a shape
+# search); the H200 is the same GH100 compute at the same 989 TFLOP/s datasheet peak. A measured rate, not the peak,
+# keeps the floor one that GEMMs can reach; --measure-matmul replaces it with this machine's.
+KNOWN_MATMUL_TFLOPS = {"NVIDIA H200": 792.0}
+
+
+def _rate(result: dict, measured: str, field: str, flag: str, known: dict[str, float]) -> tuple[float | None, str]:
+    """(rate, where it comes from): this run's measurement (result[measured][field]), else the flag's value, else
+    the figure known for the device kind; (None, "") when none."""
+    kind = (result.get("machine") or {}).get("device_kind", "unknown device")
+    if (result.get(measured) or {}).get(field):
+        return result[measured][field], "measured"
+    if result["args"].get(flag):
+        return result["args"][flag], "--" + flag.replace("_", "-")
+    if kind in known:
+        return known[kind], f"known for {kind}"
+    return None, ""
 
 
 def roofline_bandwidth(result: dict) -> tuple[float | None, str]:
@@ -120,44 +171,63 @@ def roofline_bandwidth(result: dict) -> tuple[float | None, str]:
     kind = machine.get("device_kind", "unknown device")
     if machine.get("backend") != "gpu":
         return None, f"no roofline: {kind} is not a GPU (the floor is a GPU's memory bandwidth)"
-    if (result.get("bandwidth") or {}).get("tb_s"):
-        return result["bandwidth"]["tb_s"], "measured"
-    if result["args"].get("bandwidth_tbs"):
-        return result["args"]["bandwidth_tbs"], "--bandwidth-tbs"
-    if kind in KNOWN_BANDWIDTH_TBS:
-        return KNOWN_BANDWIDTH_TBS[kind], f"known for {kind}"
-    return None, (f"no roofline: the copy bandwidth of {kind} is not known; pass --measure-bandwidth or "
-                  "--bandwidth-tbs")
+    tb_s, source = _rate(result, "bandwidth", "tb_s", "bandwidth_tbs", KNOWN_BANDWIDTH_TBS)
+    return tb_s, source or (f"no roofline: the copy bandwidth of {kind} is not known; pass --measure-bandwidth or "
+                            "--bandwidth-tbs")
+
+
+def roofline_matmul(result: dict) -> tuple[float | None, str]:
+    """(TFLOP/s, where it comes from) for the FLOPs floor, or (None, why there is none): asked only where
+    roofline_bandwidth found a GPU's bandwidth, so a CPU never gets one."""
+    kind = (result.get("machine") or {}).get("device_kind", "unknown device")
+    tflop_s, source = _rate(result, "matmul", "tflop_s", "matmul_tflops", KNOWN_MATMUL_TFLOPS)
+    return tflop_s, source or (f"no FLOPs floor: the matmul rate of {kind} is not known; pass --measure-matmul or "
+                               "--matmul-tflops")
 
 
 def roofline(result: dict) -> list[dict]:
-    tbs, source = roofline_bandwidth(result)
+    tb_s, bw_source = roofline_bandwidth(result)
     rows = []
-    if tbs is None:
+    if tb_s is None:
         return rows
+    tflop_s, mm_source = roofline_matmul(result)
     for p in result["points"]:
         model = result["models"].get(p["mode"])
         if not ok(p) or model is None or not p.get("num_steps"):
             continue
         batch = min(p["num_prompts"], result["args"]["max_num_seqs"])
         ctx = p["prompt_tokens"] / p["num_requests"] + 0.5 * p["output_tokens"] / p["num_requests"]
-        nbytes = step_bytes(model, batch, ctx)
-        # tensor parallelism: each device reads its share at the same time (a lower bound where KV heads or a
-        # degree-1 draft head are replicated)
-        floor_ms = 1e3 * nbytes / model["bytes"].get("tensor_parallel_size", 1) / (tbs * 1e12)
+        nbytes, nflops = step_bytes(model, batch, ctx), step_flops(model, batch, ctx)
+        floor = floors(nbytes, nflops, tb_s, tflop_s, model["bytes"].get("tensor_parallel_size", 1))
         rows.append({"num_prompts": p["num_prompts"], "mode": p["mode"], "async": p["async"], "batch": batch,
-                     "ctx": ctx, "gb_per_step": nbytes / 1e9, "floor_ms": floor_ms,
-                     "step_ms": p["wall_per_step_ms"], "ratio": p["wall_per_step_ms"] / floor_ms,
-                     "bandwidth_tb_s": tbs, "bandwidth_source": source})
+                     "ctx": ctx, "gb_per_step": nbytes / 1e9,
+                     "gflop_per_step": None if nflops is None else nflops / 1e9,
+                     **floor, "step_ms": p["wall_per_step_ms"], "ratio": p["wall_per_step_ms"] / floor["floor_ms"],
+                     "bandwidth_tb_s": tb_s, "bandwidth_source": bw_source, "matmul_tflop_s": tflop_s,
+                     "matmul_source": mm_source})
     return rows
 
 
+def roofline_rates(result: dict) -> str:
+    """The rates the roofline's floors were taken at, from its rows (a result from before FLOPs were counted has
+    only the bandwidth, and the oldest not its source)."""
+    r = result["roofline"][0]
+    bw = f"copy {r['bandwidth_tb_s']:.2f} TB/s" + (f" ({r['bandwidth_source']})" if r.get("bandwidth_source") else "")
+    if r.get("matmul_tflop_s") is None:
+        return f"{bw}; {r.get('matmul_source') or 'no FLOPs floor: FLOPs not counted in this result'}"
+    return f"{bw}, matmul {r['matmul_tflop_s']:.0f} TFLOP/s ({r['matmul_source']})"
+
+
 def roofline_table(result: dict) -> str:
+    """One row per point; rows from before FLOPs were counted show the byte floor only (floor_ms was it)."""
+    f2 = lambda v: None if v is None else f"{v:.2f}"  # noqa: E731
     rows = [[r["num_prompts"], r["mode"], "async" if r["async"] else "sync", r["batch"], r["ctx"],
-             f"{r['gb_per_step']:.2f}", f"{r['floor_ms']:.2f}", f"{r['step_ms']:.2f}", f"{r['ratio']:.2f}x"]
+             f2(r["gb_per_step"]), f2(r.get("gflop_per_step")), f2(r.get("bytes_floor_ms", r["floor_ms"])),
+             f2(r.get("flops_floor_ms")), f2(r["floor_ms"]), f2(r["step_ms"]), f"{r['ratio']:.2f}x", r.get("bound")]
             for r in result.get("roofline", [])]
-    return markdown_table(["num_prompts", "mode", "scheduling", "batch", "mean ctx", "GB/step", "floor ms",
-                           "measured ms/step", "measured/floor"], rows)
+    return markdown_table(["num_prompts", "mode", "scheduling", "batch", "mean ctx", "GB/step", "GFLOP/step",
+                           "bytes floor ms", "FLOPs floor ms", "floor ms", "measured ms/step", "measured/floor",
+                           "bound"], rows)
 
 
 # ---- bandwidth
@@ -238,7 +308,7 @@ def results_section(result: dict) -> str:
         parts.append(f"- copy bandwidth: {result['bandwidth']['tb_s']:.2f} TB/s (read + write)")
     parts += ["", "Throughput:", "", sweep_table(result)]
     if result.get("roofline"):
-        parts += ["", "Roofline:", "", roofline_table(result)]
+        parts += ["", f"Roofline ({roofline_rates(result)}):", "", roofline_table(result)]
     elif roofline_bandwidth(result)[0] is None:
         parts += ["", f"Roofline: {roofline_bandwidth(result)[1]}."]
     if result.get("profile"):

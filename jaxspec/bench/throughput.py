@@ -127,6 +127,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--bandwidth-tbs", type=float, default=None,
                    help="the GPU's copy bandwidth (TB/s) for the roofline when not measured (default: known by "
                         "device kind, 4.3 for an H200; no roofline on a CPU or an unknown GPU)")
+    s.add_argument("--matmul-tflops", type=float, default=None,
+                   help="the GPU's bf16 matmul rate (TFLOP/s) for the roofline's FLOPs floor when not measured "
+                        "(default: known by device kind, 792 for an H200; none on an unknown GPU)")
     s.add_argument("--output-json", help="also write the result JSON here")
     s.add_argument("--results-dir", default=str(RESULTS_DIR), help="where --sweep writes JSON and PNG")
     s.add_argument("--update-results-md", nargs="?", const=str(RESULTS_MD), metavar="PATH",
@@ -599,7 +602,7 @@ def finish(args, result: dict, json_paths: list[Path], plot_path: Path | None = 
         result["roofline"] = bench.guard("roofline", report.roofline, result) or []
     print("\n" + report.sweep_table(result))
     if result.get("roofline"):
-        print("\n" + report.roofline_table(result))
+        print(f"\nRoofline: {report.roofline_rates(result)}\n" + report.roofline_table(result))
     elif report.roofline_bandwidth(result)[0] is None:
         print("\n" + report.roofline_bandwidth(result)[1])  # one line: why there is none
     if result.get("profile"):
