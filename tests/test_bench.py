@@ -32,7 +32,7 @@ def sweep(tmp_path_factory):
             "--results-dir", str(tmp / "results"), "--output-json", str(tmp / "out.json"),
             "--update-results-md", str(tmp / "RESULTS.md"), "--profile-dir", str(tmp / "prof"),
             "--profile-max-tokens", "4", "--profile-repeats", "2", "--measure-bandwidth",
-            "--bandwidth-bytes", str(1 << 20)]
+            "--bandwidth-bytes", str(1 << 20), "--measure-matmul"]
     return tmp, argv
 
 
@@ -70,6 +70,7 @@ def test_sweep_point(sweep, capsys, monkeypatch):
     assert saved["models"]["eagle k=2"]["flops"]["draft_verified_per_token"] > 0
     assert saved["models"]["no spec"]["flops"]["draft_verified_per_token"] == 0
     assert saved["roofline"] == [] and saved["bandwidth"]["tb_s"] > 0  # measured, but a CPU's: no roofline
+    assert saved["matmul"]["tflop_s"] > 0 and saved["matmul"]["n"] == 512  # likewise
     assert "Roofline" not in out and "FLOPs floor" not in out
     assert "\nno roofline: cpu is not a GPU (the floor is a GPU's memory bandwidth)\n" in out
     assert len(saved["profile"]) == 4

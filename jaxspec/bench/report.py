@@ -230,7 +230,7 @@ def roofline_table(result: dict) -> str:
                            "bound"], rows)
 
 
-# ---- bandwidth
+# ---- bandwidth and matmul rate
 
 def measure_bandwidth(nbytes: int | None = None, iters: int = 20) -> dict:
     """Copy bandwidth: `y = x + 1` over a large uint32 array, chained `iters` times without a host sync; bytes
@@ -249,6 +249,22 @@ def measure_bandwidth(nbytes: int | None = None, iters: int = 20) -> dict:
     dt = (time.perf_counter() - t0) / iters
     return {"method": "jit(x + 1) over uint32, chained, read + write counted", "bytes": nbytes,
             "ms_per_copy": dt * 1e3, "tb_s": 2 * nbytes / dt / 1e12}
+
+
+def measure_matmul(n: int | None = None, iters: int = 20) -> dict:
+    """Dense bf16 GEMM rate: the median time of an n x n by n x n product (8192 on a GPU, enough to fill an H200;
+    512 elsewhere), 2 n^3 FLOPs. Random operands, as constant ones draw less power and clock higher. The rate a
+    step's matrix products are held to in the FLOPs floor."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspec.bench.timing import median_time
+
+    n = n or (8192 if jax.default_backend() == "gpu" else 512)
+    a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.bfloat16)
+    dt = median_time(jax.jit(jnp.matmul), a, b, iters=iters)
+    return {"method": f"jit(a @ b), bf16 {n}^3, median of {iters} calls waited on", "n": n,
+            "ms_per_matmul": dt * 1e3, "tflop_s": 2 * n ** 3 / dt / 1e12}
 
 
 # ---- files
@@ -306,6 +322,8 @@ def results_section(result: dict) -> str:
                      "meaningless (acceptance is drawn, not computed); only their speed means anything**")
     if result.get("bandwidth"):
         parts.append(f"- copy bandwidth: {result['bandwidth']['tb_s']:.2f} TB/s (read + write)")
+    if result.get("matmul"):
+        parts.append(f"- matmul rate: {result['matmul']['tflop_s']:.0f} TFLOP/s ({result['matmul']['method']})")
     parts += ["", "Throughput:", "", sweep_table(result)]
     if result.get("roofline"):
         parts += ["", f"Roofline ({roofline_rates(result)}):", "", roofline_table(result)]

@@ -10,12 +10,13 @@ bench/results/<date>-<label>.{json,png}; the JSON is rewritten after every point
 did. Any failing piece (an LLM that does not build, a run, the HF peer, the profiler) is recorded in the table
 and the JSON and the sweep goes on.
 
-Order of work: prompts (no jax), the HF peer in a child process (before jax claims the GPU), bandwidth, every
-mode's LLM (all compiling up front), then prompt counts outer and modes inner (a spent --time-budget-s loses the
-largest counts, not a whole mode; with --repeats R each count runs its modes R times, each round starting one mode
-later, and reports the median run: the first run after a switch of LLM is slower), then the profiles. Each stage is timed and printed (`[bench ...s] ...`, one
-line per compiled program) so a slow compile shows where the minutes went: on the H200 one unrolled-layer
-program takes 30 to 60 s, so pass few --decode-buckets / --prefill-buckets.
+Order of work: prompts (no jax), the HF peer in a child process (before jax claims the GPU), bandwidth and matmul
+rate, every mode's LLM (all compiling up front), then prompt counts outer and modes inner (a spent --time-budget-s
+loses the largest counts, not a whole mode; with --repeats R each count runs its modes R times, each round starting
+one mode later, and reports the median run: the first run after a switch of LLM is slower), then the profiles. Each
+stage is timed and printed (`[bench ...s] ...`, one line per compiled program) so a slow compile shows where the
+minutes went: on the H200 one unrolled-layer program takes 30 to 60 s, so pass few --decode-buckets /
+--prefill-buckets.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--bandwidth-tbs", type=float, default=None,
                    help="the GPU's copy bandwidth (TB/s) for the roofline when not measured (default: known by "
                         "device kind, 4.3 for an H200; no roofline on a CPU or an unknown GPU)")
+    s.add_argument("--measure-matmul", action="store_true", help="time a large bf16 GEMM (TFLOP/s)")
     s.add_argument("--matmul-tflops", type=float, default=None,
                    help="the GPU's bf16 matmul rate (TFLOP/s) for the roofline's FLOPs floor when not measured "
                         "(default: known by device kind, 792 for an H200; none on an unknown GPU)")
@@ -464,6 +466,10 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
         result["bandwidth"] = bench.guard("bandwidth", report.measure_bandwidth, args.bandwidth_bytes)
         if result["bandwidth"]:
             bench.log(f"copy bandwidth {result['bandwidth']['tb_s']:.3f} TB/s (read + write)")
+    if args.measure_matmul:
+        result["matmul"] = bench.guard("matmul", report.measure_matmul)
+        if result["matmul"]:
+            bench.log(f"matmul rate {result['matmul']['tflop_s']:.1f} TFLOP/s ({result['matmul']['method']})")
     target = bench.guard("load_target", engine.load_target, src.ckpt, src.hf_config, args.load_format == "dummy",
                          dtype)
     llms = {label: bench.guard(f"build {label}", build, args, src, target, spec, bench, prompts, counts)
