@@ -1,12 +1,13 @@
-"""Decode-step time against the bytes-over-bandwidth floor, at fixed batch sizes and context length.
+"""Decode-step time against the roofline floor, at fixed batch sizes and context length.
 
     python bench/step_time.py --hf-config llama-3-8b --batches 1,2,4,8,16,32 --context 512
 
 Random weights of the given shape (bf16), every slot at `--context` tokens, plain decoding (k = 0) or the fused
 verify+draft step with an EAGLE-1 head (`--k`). Steps are dispatched back to back (the engine's async mode keeps
-the device this busy) and timed over `--iters` after a warm-up; the floor is (weights + the batch's KV) /
-measured copy bandwidth, since a decode step must read every weight it multiplies by (not the embedding table:
-a lookup reads B rows) and every cached K/V once.
+the device this busy) and timed over `--iters` after a warm-up. The floor is the throughput roofline's
+(jaxspec/bench/report.py), the larger of the bytes a step reads (every weight it multiplies by, not the embedding
+table: a lookup reads B rows; every cached K/V once) over the measured copy bandwidth and the FLOPs it computes
+over the measured bf16 matmul rate.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxspec.bench.report import measure_bandwidth  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
-from jaxspec.bench.engine import decode_step_time, env_knobs, step_read_bytes  # noqa: E402
+from jaxspec.bench.engine import decode_step_time, env_knobs, step_costs  # noqa: E402
+from jaxspec.bench.report import floors, measure_bandwidth, measure_matmul, step_bytes, step_flops  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
 from jaxspec.models import eagle, llama  # noqa: E402
@@ -42,12 +43,11 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
     timing = decode_step_time(runner, B, context, iters)
     kernels = profile_steps(runner, B, context, iters, profile_dir) if profile_dir else None
-    b = step_read_bytes(cfg, w, dcfg, dw, k)
+    costs = step_costs(cfg, w, dcfg, dw, k)
     mean_context = context + iters * (k + 1) / 2
     return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": timing.pipelined_s,
             "step_blocking_s": timing.blocking_s, "dispatch_s": timing.dispatch_s,
-            "weight_bytes": b["target_weights"] + k * b["draft_weights_per_pass"],
-            "kv_bytes": int(B * mean_context * (b["kv_per_token_target"] + k * b["kv_per_token_draft"])),
+            "bytes": step_bytes(costs, B, mean_context), "flops": step_flops(costs, B, mean_context),
             "kernels_per_step": kernels}
 
 
@@ -98,21 +98,22 @@ def main() -> None:
     if args.k:
         dcfg = eagle.EagleConfig.from_target(cfg, "eagle")
         dw = eagle.init(dcfg, jax.random.key(1))
-    bw = measure_bandwidth()
+    bw, mm = measure_bandwidth(), measure_matmul()
     rows = []
     for i, B in enumerate(int(b) for b in args.batches.split(",")):
         r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters, args.max_model_len,
                        args.pool_scale, args.profile_dir if i == 0 else None, args.page_size)
-        r["floor_s"] = (r["weight_bytes"] + r["kv_bytes"]) / (bw["tb_s"] * 1e12)
-        r["over_floor"] = r["step_s"] / r["floor_s"]
+        r |= floors(r["bytes"], r["flops"], bw["tb_s"], mm["tflop_s"])
+        r["over_floor"] = r["step_s"] * 1e3 / r["floor_ms"]
         rows.append(r)
         print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f}, "
-              f"dispatch {r['dispatch_s'] * 1e3:6.3f})"
-              f"  floor {r['floor_s'] * 1e3:7.3f} ms  x{r['over_floor']:.2f}", flush=True)
+              f"dispatch {r['dispatch_s'] * 1e3:6.3f})  floor {r['floor_ms']:7.3f} ms (bytes "
+              f"{r['bytes_floor_ms']:.3f}, FLOPs {r['flops_floor_ms']:.3f}: {r['bound']})  x{r['over_floor']:.2f}",
+              flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
               "kernel": dataclasses.asdict(kernel), "pool_scale": args.pool_scale, "page_size": args.page_size,
-              "env": env_knobs(), "bandwidth": bw, "rows": rows}
+              "env": env_knobs(), "bandwidth": bw, "matmul": mm, "rows": rows}
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2))
 
