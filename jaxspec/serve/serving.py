@@ -13,6 +13,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from typing import Any
 
 from jaxspec.chat import render_chat
@@ -101,6 +102,14 @@ def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any)
 
 # pydantic's JSON (model_dump_json): compact, non-ASCII as UTF-8
 _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _js(value: str | int | None) -> str:
+    """A chunk field's JSON as _json writes it, without the encoder's general path (~1.5 us for a None or an int,
+    three fields a chunk)."""
+    if value is None:
+        return "null"
+    return encode_basestring(value) if isinstance(value, str) else str(int(value))
 
 
 @dataclass
@@ -201,8 +210,8 @@ class CompletionFormat(_Format):
         if not (comp.text or comp.finish_reason or comp.logprobs):
             return []
         logprobs = self._logprobs(comp.token_ids, comp.logprobs, 0).model_dump_json() if comp.logprobs else "null"
-        return [self._envelope(f'{{"index":{index},"text":{_json(comp.text)},"logprobs":{logprobs},"finish_reason":'
-                               f'{_json(comp.finish_reason)},"stop_reason":{_json(comp.stop_reason)}}}')]
+        return [self._envelope(f'{{"index":{index},"text":{_js(comp.text)},"logprobs":{logprobs},"finish_reason":'
+                               f'{_js(comp.finish_reason)},"stop_reason":{_js(comp.stop_reason)}}}')]
 
     def response(self) -> dict:
         choices = [api.CompletionChoice(
@@ -238,9 +247,9 @@ class ChatFormat(_Format):
                                          '"logprobs":null,"finish_reason":null}'))
         if comp.text or comp.finish_reason or comp.logprobs:
             logprobs = self._logprobs(comp.token_ids, comp.logprobs).model_dump_json() if comp.logprobs else "null"
-            events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_json(comp.text)}}},"logprobs":'
-                                         f'{logprobs},"finish_reason":{_json(comp.finish_reason)},"stop_reason":'
-                                         f'{_json(comp.stop_reason)}}}'))
+            events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(comp.text)}}},"logprobs":'
+                                         f'{logprobs},"finish_reason":{_js(comp.finish_reason)},"stop_reason":'
+                                         f'{_js(comp.stop_reason)}}}'))
         return events
 
     def response(self) -> dict:
