@@ -499,7 +499,7 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     main(["serve", str(path), "--served-model-name", "t", "--max-model-len", "64", "--max-num-seqs", "2",
           "--max-num-batched-tokens", "16", "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16",
           "--no-async-scheduling"])
-    assert (started["host"], started["port"]) == ("127.0.0.1", 8000)
+    assert (started["host"], started["port"], started["loop"]) == ("127.0.0.1", 8000, "asyncio")
     llm = started["app"].state.engine.llm
     cfg = llm.engine_config
     assert (cfg.max_model_len, cfg.max_num_seqs, cfg.page_size, cfg.decode_buckets) == (64, 2, 8, [2])
