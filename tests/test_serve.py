@@ -418,6 +418,10 @@ def test_logprobs_render_in_openai_formats(served):
     assert fmt.response()["choices"][0]["logprobs"] == {
         "tokens": ["f", "c"], "token_logprobs": [-0.1, -1.5], "top_logprobs": [{"f": -0.1}, {"j": -0.4}],
         "text_offset": [0, 1]}
+    streamed = CompletionFormat("cmpl-2", MODEL, api.CompletionRequest(prompt="ab", logprobs=1, stream=True), inputs,
+                                tok)
+    (chunk,) = streamed.chunks([out])  # the same logprobs, streamed (they were rendered as {} before)
+    assert json.loads(chunk)["choices"][0]["logprobs"] == fmt.response()["choices"][0]["logprobs"]
     chat = ChatFormat("chatcmpl-1", MODEL, api.ChatCompletionRequest(
         messages=[{"role": "user", "content": "a"}], logprobs=True, top_logprobs=2), inputs, tok)
     role, content = (json.loads(e)["choices"][0] for e in chat.chunks([out]))
@@ -425,6 +429,56 @@ def test_logprobs_render_in_openai_formats(served):
     tokens = content["logprobs"]["content"]
     assert [(t["token"], t["logprob"], t["bytes"]) for t in tokens] == [("f", -0.1, [102]), ("c", -1.5, [99])]
     assert [(t["token"], t["logprob"]) for t in tokens[1]["top_logprobs"]] == [("j", -0.4), ("c", -1.5)]
+
+
+@pytest.mark.parametrize("stream_options", [None, {"include_usage": True},
+                                            {"include_usage": True, "continuous_usage_stats": True}])
+def test_stream_chunks_are_the_schemas_json(stream_options):
+    """The chunks written as text are, byte for byte, what the pydantic chunk models render (vLLM's format): any
+    text (quotes, escapes, control and non-ASCII characters), finish and stop reasons, usage fields."""
+    from jaxspec import CompletionOutput, RequestOutput
+    from jaxspec.serve import protocol as api
+    from jaxspec.serve.serving import ChatFormat, CompletionFormat, EngineInputs
+
+    texts = ["abc", "", 'q"uo\\te/', "ünï 数学 😀", "\n\t\x01\x1f\x7f\u2028"]
+    ends = [(None, None), ("stop", None), ("stop", 7), ("stop", "жz"), ("length", None)]
+    inputs = EngineInputs([("r", {}, None)], [3])
+    messages = [{"role": "user", "content": "a"}]
+    chat = ChatFormat("chatcmpl-1", MODEL, api.ChatCompletionRequest(messages=messages, n=2, stream=True,
+                                                                     stream_options=stream_options), inputs, None)
+    cmpl = CompletionFormat("cmpl-1", MODEL, api.CompletionRequest(prompt="ab", n=2, stream=True,
+                                                                   stream_options=stream_options), inputs, None)
+
+    def envelope(fmt, cls, choices):
+        extra = {}
+        if fmt.include_usage:
+            extra["usage"] = fmt.usage() if fmt.continuous_usage else None
+        return cls(id=fmt.request_id, object=fmt.chunk_object, created=fmt.created, model=MODEL, choices=choices,
+                   **extra).model_dump_json(exclude_unset=True)
+
+    for step, text in enumerate(texts):
+        for index in (0, 1):
+            reason, stop = ends[(step + index) % len(ends)]
+            out = RequestOutput("r", None, [0, 1, 2], outputs=[CompletionOutput(index, text, [5], None, None, reason,
+                                                                                stop)])
+            first = index not in chat.started
+            got = chat.chunks([out])
+            want = [envelope(chat, api.ChatCompletionChunk, [api.ChatStreamChoice(
+                index=index, delta=api.DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None)])
+                    ] if first else []
+            if text or reason:
+                want.append(envelope(chat, api.ChatCompletionChunk, [api.ChatStreamChoice(
+                    index=index, delta=api.DeltaMessage(content=text), logprobs=None, finish_reason=reason,
+                    stop_reason=stop)]))
+            assert got == want
+            got = cmpl.chunks([out])
+            want = [envelope(cmpl, api.CompletionResponse, [api.CompletionChoice(
+                index=index, text=text, logprobs=None, finish_reason=reason, stop_reason=stop)])]
+            assert got == (want if text or reason else [])
+    for fmt, cls in ((chat, api.ChatCompletionChunk), (cmpl, api.CompletionResponse)):
+        want = cls(id=fmt.request_id, object=fmt.chunk_object, created=fmt.created, model=MODEL, choices=[],
+                   usage=fmt.usage()).model_dump_json(exclude_unset=True) if stream_options else None
+        assert fmt.usage_chunk() == want
 
 
 def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
@@ -445,7 +499,7 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     main(["serve", str(path), "--served-model-name", "t", "--max-model-len", "64", "--max-num-seqs", "2",
           "--max-num-batched-tokens", "16", "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16",
           "--no-async-scheduling"])
-    assert (started["host"], started["port"]) == ("127.0.0.1", 8000)
+    assert (started["host"], started["port"], started["loop"]) == ("127.0.0.1", 8000, "asyncio")
     llm = started["app"].state.engine.llm
     cfg = llm.engine_config
     assert (cfg.max_model_len, cfg.max_num_seqs, cfg.page_size, cfg.decode_buckets) == (64, 2, 8, [2])

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import jax
 import numpy as np
 import pytest
 
 from jaxspec import RequestOutputKind, SamplingParams
 from jaxspec.models import llama
-from tests.tiny import TINY, greedy_reference, make_llm, random_prompts, tiny_weights
+from tests.tiny import TINY, greedy_reference, make_llm, random_prompts, tiny_weights, write_byte_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -137,30 +135,9 @@ def test_random_arrivals_and_aborts_free_every_page(weights):
 CYCLE = "aé€😀bжz"
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 @pytest.fixture(scope="module")
 def byte_model(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    path = tmp_path_factory.mktemp("bytes")
-    table = _bytes_to_unicode()
-    tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": None}))
+    path = write_byte_tokenizer(tmp_path_factory.mktemp("bytes"))
     cycle = list(CYCLE.encode())
     assert len(set(cycle)) == len(cycle)
     cfg = llama.Config(vocab_size=256, hidden_size=256, intermediate_size=32, num_layers=1, num_heads=2,

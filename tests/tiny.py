@@ -67,6 +67,34 @@ def _write_tokenizer(path: Path, chars: list[str], special: list[str], config: d
     return path
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def write_byte_tokenizer(path: Path) -> Path:
+    """A byte-level tokenizer (GPT-2's alphabet, token id = byte, no merges): characters of 2-4 bytes are split
+    over tokens. No EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    table = _bytes_to_unicode()
+    tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": None}))
+    return path
+
+
 def write_model_dir(root: Path, seed: int = 0, cfg: llama.Config = TINY) -> Path:
     """A preset-shaped weights directory of a tiny random model: root/hf (HF Llama layout with the character
     tokenizer) and root/ckpt (jaxspec checkpoint of the same weights)."""

@@ -5,11 +5,12 @@ token id, a stop string, max_tokens or max_model_len) is dropped, so the user ne
 their logprobs.
 
 Text is kept current while a request runs only where something needs it: stop strings, and outputs that are not
-FINAL_ONLY (streaming). Otherwise it is decoded once, as the request finishes (in async mode while the device
-runs the next step). detokenize=False makes no text at all. Streamed text never splits a UTF-8 character and
-holds back the last characters that could still begin a stop string (unless include_stop_str_in_output), so the
-deltas of a request always add up to its final text. skip_special_tokens and spaces_between_special_tokens go to
-the tokenizer's decode (the latter matters only for slow tokenizers, as in vLLM).
+FINAL_ONLY (streaming); jaxspec.engine.detokenizer decodes it token by token. Otherwise it is decoded once, as the
+request finishes (in async mode while the device runs the next step). detokenize=False makes no text at all.
+Streamed text never splits a UTF-8 character and holds back the last characters that could still begin a stop
+string (unless include_stop_str_in_output), so the deltas of a request always add up to its final text.
+skip_special_tokens and spaces_between_special_tokens go to the tokenizer's decode (the latter matters only for
+slow tokenizers, as in vLLM).
 
 A request with n samples gives one RequestOutput with a CompletionOutput per sample (index 0..n-1): FINAL_ONLY
 all of them once every sample is done, CUMULATIVE all of them at each output, DELTA those with something new.
@@ -17,6 +18,7 @@ all of them once every sample is done, CUMULATIVE all of them at each output, DE
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from typing import Any, Callable
@@ -24,36 +26,11 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxspec.engine import logprob_output
+from jaxspec.engine.detokenizer import Detokenizer, decode, pending_text
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.sequence import Sequence, Status
 from jaxspec.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxspec.sampling_params import RequestOutputKind
-
-
-def _decode(tokenizer: Any, seq: Sequence, ids: list[int]) -> str:
-    p = seq.params
-    return tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens,
-                            spaces_between_special_tokens=p.spaces_between_special_tokens)
-
-
-def detokenize_incrementally(tokenizer: Any, seq: Sequence) -> str:
-    """New text for the tokens appended since the last call (vLLM's prefix/read offset scheme: decode a short
-    window twice so that multi-token characters and merges come out right; nothing while a character is
-    incomplete)."""
-    ids = seq.output_token_ids
-    prefix = _decode(tokenizer, seq, ids[seq.prefix_offset:seq.read_offset])
-    text = _decode(tokenizer, seq, ids[seq.prefix_offset:])
-    if len(text) > len(prefix) and not text.endswith("\ufffd"):
-        seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
-        return text[len(prefix):]
-    return ""
-
-
-def _pending_text(tokenizer: Any, seq: Sequence) -> str:
-    """The text of tokens `detokenize_incrementally` still holds back (an unfinished character at the end)."""
-    ids = seq.output_token_ids
-    prefix = _decode(tokenizer, seq, ids[seq.prefix_offset:seq.read_offset])
-    return _decode(tokenizer, seq, ids[seq.prefix_offset:])[len(prefix):]
 
 
 class OutputProcessor:
@@ -61,6 +38,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.detokenizer = None if tokenizer is None else Detokenizer(tokenizer)
         # a logprob's decoded_token: one token's text, decoded once per token id (a request's logprobs name
         # (1 + N) tokens per position, mostly the same few thousand)
         self._token_text_of = None if tokenizer is None else functools.lru_cache(maxsize=None)(
@@ -117,7 +95,7 @@ class OutputProcessor:
         """Decode the new token into seq.text; True if that completed a stop string (the request is finished).
         Stop strings count only once the output is longer than min_tokens (vLLM)."""
         old_len = len(seq.text)
-        seq.text += detokenize_incrementally(self.tokenizer, seq)
+        seq.text += self.detokenizer.new_text(seq)
         if len(seq.output_token_ids) <= seq.params.min_tokens:
             return False
         for stop in seq.params.stop:
@@ -134,9 +112,9 @@ class OutputProcessor:
         if not self._has_text(seq):
             return
         if not self.live_text(seq):
-            seq.text = _decode(self.tokenizer, seq, seq.output_token_ids)
+            seq.text = decode(self.tokenizer, seq, seq.output_token_ids)
         elif stop_reason is None or isinstance(stop_reason, int):  # not cut at a stop string: flush the tail
-            seq.text += _pending_text(self.tokenizer, seq)
+            seq.text += pending_text(self.tokenizer, seq)
 
     def make_output(self, seq: Sequence) -> RequestOutput | None:
         """The output of seq's request (all its samples) for this step under its output_kind, or None when there
@@ -199,7 +177,10 @@ def _merged(blocks: list[np.ndarray]) -> np.ndarray:
 
 
 def _request_metrics(group: list[Sequence]) -> RequestMetrics:
-    """One request's times over its samples: the first arrival, schedule and token, the last token and finish."""
+    """One request's times over its samples: the first arrival, schedule and token, the last token and finish. A
+    copy: the samples' own go on changing."""
+    if len(group) == 1:  # most requests, at every step of a stream: the scan over samples costs ~5 us
+        return copy.copy(group[0].metrics)
     ms = [s.metrics for s in group]
     first = lambda name: min((v for v in (getattr(m, name) for m in ms) if v is not None), default=None)  # noqa
     last = lambda name: max((v for v in (getattr(m, name) for m in ms) if v is not None), default=None)  # noqa

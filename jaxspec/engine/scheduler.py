@@ -181,6 +181,7 @@ class Scheduler:
                 self.running.append(seq)
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.first_scheduled_time = time.time()
+                    seq.metrics.time_in_queue = seq.metrics.first_scheduled_time - seq.metrics.arrival_time
             self.block_manager.grow(seq, min(need, self.cfg.max_model_len))
             if source is not None:
                 seq.prompt_mask_from = source.slot

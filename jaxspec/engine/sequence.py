@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class Sequence:
     text: str = ""
     prefix_offset: int = 0  # incremental detokenization window over output_token_ids
     read_offset: int = 0
+    decode_stream: Any = None  # the tokenizers DecodeStream that keeps `text` (jaxspec.engine.detokenizer)
     num_returned_tokens: int = 0  # DELTA outputs: what the last output already gave
     num_returned_chars: int = 0
     # logprobs (when requested): the output tokens' rows of their steps' logprobs (processors.pack_logprobs), a

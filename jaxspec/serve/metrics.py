@@ -93,9 +93,12 @@ class ServerMetrics:
         self.registry.register(EngineCollector(model_name, snapshot))
 
     def observe(self, outputs: list, timings: list[RequestTiming], now: float) -> None:
-        """One step's outputs (DELTA: only the new tokens) with their requests' timings."""
+        """One step's outputs (DELTA: only the new tokens) with their requests' timings. The generation token
+        counter is incremented once a step (each prometheus_client update takes a lock)."""
+        total = 0
         for out, t in zip(outputs, timings):
             new = sum(len(c.token_ids) for c in out.outputs)
+            total += new
             if new:
                 if t.first_token is None:  # the prompt has been processed
                     t.first_token = now
@@ -106,9 +109,9 @@ class ServerMetrics:
                     self.itl.observe(now - t.last_token)
                 t.last_token = now
                 t.num_tokens += new
-                self.generation_tokens.inc(new)
             if out.finished:
                 self._finish(out, t, now)
+        self.generation_tokens.inc(total)
 
     def _finish(self, out, t: RequestTiming, now: float) -> None:
         reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "abort")

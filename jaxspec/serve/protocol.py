@@ -223,11 +223,6 @@ class ChatResponseMessage(BaseModel):
     content: str | None = None
 
 
-class DeltaMessage(BaseModel):
-    role: str | None = None
-    content: str | None = None
-
-
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
@@ -243,6 +238,14 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+
+
+# Stream chunks: serving.py writes their JSON as text, with no model per chunk (the event loop writes 64 a step);
+# these are the schema it is tested against, byte for byte. A completion chunk is a CompletionResponse.
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
 
 
 class ChatStreamChoice(BaseModel):
