@@ -145,11 +145,10 @@ def floors(nbytes: float, nflops: float | None, tb_s: float, tflop_s: float | No
 
 # Device-to-device copy bandwidth (read + write, TB/s) by jax device_kind, for runs that measured none.
 KNOWN_BANDWIDTH_TBS = {"NVIDIA H200": 4.3}  # DESIGN.md's figure
-# Dense bf16 matmul rate (TFLOP/s) by device kind, for runs that measured none. Not our measurement: the H100 SXM's
-# maximum achievable bf16 matmul rate in stas00/ml-engineering's MAMF table (792.1, CUDA 12.1, the best of a shape
-# search); the H200 is the same GH100 compute at the same 989 TFLOP/s datasheet peak. A measured rate, not the peak,
-# keeps the floor one that GEMMs can reach; --measure-matmul replaces it with this machine's.
-KNOWN_MATMUL_TFLOPS = {"NVIDIA H200": 792.0}
+# Dense bf16 matmul rate (TFLOP/s) by device kind, for runs that measured none: `--measure-matmul` on the H200
+# machine, 2026-12-01 (jit(a @ b), bf16 8192^3, median of 20: 667.0; bench/results/20261201-h200-logprob-cost-4/
+# greedy.json), not the 989 TFLOP/s datasheet peak, so the floor is one that GEMMs reach.
+KNOWN_MATMUL_TFLOPS = {"NVIDIA H200": 667.0}
 
 
 def _rate(result: dict, measured: str, field: str, flag: str, known: dict[str, float]) -> tuple[float | None, str]:
