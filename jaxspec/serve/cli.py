@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"jaxspec serve: error: {exc}") from None
     app = build_app(llm, served_model_name=args.served_model_name or [args.model], api_key=api_key,
                     model_path=args.model)
-    # asyncio's own loop even where uvloop is installed: the engine steps on a thread of this process, and
-    # asyncio's socket writes let go of the GIL (uvloop's uv_try_write keeps it), so the engine thread gets it
-    # back between two streams' chunks, not after the whole step's (64 streams, CPU: steps 20% longer under uvloop)
+    # asyncio's own loop even where uvloop is installed: the engine steps on a thread of this process, and under
+    # uvloop its steps were 20 % longer (64 streams, CPU machine); the likely cause, not verified, is the GIL
+    # (uv_try_write keeps it where asyncio's socket writes let go of it)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                 access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5, loop="asyncio")
