@@ -13,7 +13,7 @@ and the JSON and the sweep goes on.
 Order of work: prompts (no jax), the HF peer in a child process (before jax claims the GPU), bandwidth and matmul
 rate, every mode's LLM (all compiling up front), then prompt counts outer and modes inner (a spent --time-budget-s
 loses the largest counts, not a whole mode; with --repeats R each count runs its modes R times, each round starting
-one mode later, and reports the median run: the first run after a switch of LLM is slower), then the profiles. Each
+one mode later, and reports the median run: single runs differ by several per cent), then the profiles. Each
 stage is timed and printed (`[bench ...s] ...`, one line per compiled program) so a slow compile shows where the
 minutes went: on the H200 one unrolled-layer program takes 30 to 60 s, so pass few --decode-buckets /
 --prefill-buckets.
@@ -131,7 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--measure-matmul", action="store_true", help="time a large bf16 GEMM (TFLOP/s)")
     s.add_argument("--matmul-tflops", type=float, default=None,
                    help="the GPU's bf16 matmul rate (TFLOP/s) for the roofline's FLOPs floor when not measured "
-                        "(default: known by device kind, 792 for an H200; none on an unknown GPU)")
+                        "(default: known by device kind, 667 for an H200; none on an unknown GPU)")
     s.add_argument("--output-json", help="also write the result JSON here")
     s.add_argument("--results-dir", default=str(RESULTS_DIR), help="where --sweep writes JSON and PNG")
     s.add_argument("--update-results-md", nargs="?", const=str(RESULTS_MD), metavar="PATH",
@@ -140,7 +140,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--label", help="name of this configuration in tables and RESULTS.md")
     s.add_argument("--repeats", type=int, default=1,
                    help="time each point this many times, each round starting with the next mode or policy, and "
-                        "report the median run (outputs and order effects: all runs are in the JSON)")
+                        "report the median run (every run's output tok/s is in the JSON)")
     s.add_argument("--time-budget-s", type=float, default=0.0,
                    help="skip remaining runs once this many seconds have passed (0: no limit)")
 
