@@ -45,6 +45,16 @@ def test_greedy_equals_full_sequence_loop(weights, prompts, reference, mode):
     assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
 
 
+def test_padding_rows_stay_one_token_long(weights, prompts, reference):
+    """Padding rows (a batch smaller than its bucket) take their length from the spare slot: it stays 1 through
+    decode and chunked prefill, so what they attend over never grows with the engine's age."""
+    llm = make_llm(weights, decode_buckets=[8], max_num_batched_tokens=16, max_prefill_seqs=2)
+    for _ in range(2):  # 3 rows in a bucket of 8: 5 padding rows in every decode step, 40 steps
+        outs = llm.generate(prompts[:3], GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == reference[:3]
+    assert int(llm.llm_engine.runner.state.seq_len[llm.engine_config.max_num_seqs]) == 1
+
+
 def test_seeded_sampling_is_independent_of_mode_and_batch(weights, prompts):
     params = [SamplingParams(temperature=1.0, top_k=[0, 20][i % 2], top_p=[1.0, 0.8][i // 2 % 2], seed=100 + i,
                              max_tokens=12, ignore_eos=True) for i in range(len(prompts))]

@@ -207,8 +207,11 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
         j = jnp.arange(k + 1)
         proc = processors.count_tokens(proc, slots, emitted, n[:, None] + j, j <= n_acc[:, None])
         out.append(logprobs.reshape(B, -1))
+    # the spare row stays one token long: padding rows read their length from it, and a length that grew with
+    # every padded step would have them attend over ever more of page 0 (by the end, every padding row cost as
+    # much as a sequence at max_model_len, and a long-running engine got slower and slower)
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
-                      seq_len=state.seq_len.at[slots].set(n + n_acc + 1),
+                      seq_len=state.seq_len.at[slots].set(jnp.where(valid, n + n_acc + 1, 1)),
                       num_drafts=state.num_drafts.at[slots].set(k), proc=proc)
     out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
@@ -269,8 +272,8 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         prompt = processors.pack_logprobs(scores[None], next_tokens[None], spec.num_logprobs)[0]  # [N, W]
         out = jnp.concatenate([out, jnp.pad(prompt, ((0, 0), (2, 0)))], axis=0)  # [R + N, 2 + W]
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
-                      seq_len=state.seq_len.at[slots].set(first_pos + 1), num_drafts=state.num_drafts.at[slots].set(k),
-                      proc=proc)
+                      seq_len=state.seq_len.at[slots].set(jnp.where(commit, first_pos + 1, 1)),  # spare: 1 (decode)
+                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
