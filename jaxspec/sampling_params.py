@@ -172,9 +172,15 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
-    def needs_extended_step(self) -> bool:
+    def needs_processors(self) -> bool:
         """Whether a logits processor changes this request's distribution (penalties, min_p, min_tokens, bias,
-        masks) or its log-probabilities are wanted: the steps that run it then take the extended path."""
+        masks)."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
                 or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias) or bool(self.bad_words)
-                or self.allowed_token_ids is not None or self.logprobs is not None)
+                or self.allowed_token_ids is not None)
+
+    @property
+    def needs_extended_step(self) -> bool:
+        """Whether a processor applies or log-probabilities are wanted: the steps that run it then take the
+        extended path (a batch of logprobs alone skips the processors)."""
+        return self.needs_processors or self.logprobs is not None

@@ -75,7 +75,7 @@ def test_dynamic_policy_runs_and_reports_its_choices(weights, prompts, trained_h
     policy = llm.llm_engine.spec_policy
     assert isinstance(policy, DynamicPolicy)
     assert set(policy.step_times) == {(B, k) for B in (2, 4) for k in range(K + 1)}
-    assert llm.num_compiled == 6 * 2 * (K + 1) + 5 + 2  # decode modes x buckets x k; prefill modes; admit, copy
+    assert llm.num_compiled == 9 * 2 * (K + 1) + 5 + 2  # decode modes x buckets x k; prefill modes; admit, copy
     params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=20)
               for i in range(len(prompts))]
     with compiles() as compiled:

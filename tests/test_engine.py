@@ -157,10 +157,12 @@ def test_no_compilation_during_generation(weights, prompts):
         llm.generate(prompts[:len(params)], params, use_tqdm=False)
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, logprobs=1, presence_penalty=0.5),
                      use_tqdm=False)  # all greedy, extended
+        for t in (0, 0.8):  # logprobs alone: the extended step without processors
+            llm.generate(prompts, SamplingParams(temperature=t, max_tokens=6, logprobs=1, seed=3), use_tqdm=False)
     assert compiled == []
-    # 6 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the admission and page-copy programs
+    # 9 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the admission and page-copy programs
     cfg = llm.engine_config
-    assert llm.num_compiled == 6 * len(cfg.decode_buckets) + 5 * len(cfg.prefill_buckets) + 2
+    assert llm.num_compiled == 9 * len(cfg.decode_buckets) + 5 * len(cfg.prefill_buckets) + 2
 
 
 def test_async_dispatches_next_step_before_reading_previous(weights, prompts):

@@ -133,6 +133,40 @@ def test_logprobs_equal_transformers_recomputation(hf, llms, prompts, sampling):
                 np.testing.assert_allclose([got[t].logprob for t in got], prompt_lp[i, list(got)], atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("sampling", ["greedy", "seeded", "top_k"])
+def test_logprobs_alone_sample_as_the_plain_step(llms, prompts, sampling):
+    """A batch that wants logprobs alone runs the extended step without processors: the same tokens as the plain
+    sampler, draw for draw, EAGLE on and off. Its requests' processor counts are never committed, so in a batch
+    with a penalized request (the processors variant) they must still score exactly as alone."""
+    c = SAMPLING[sampling]
+    for name, llm in llms.items():
+        def run(extra: dict, n: int = len(prompts)):
+            params = [SamplingParams(**c, seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, **extra) for i in range(n)]
+            return llm.generate(prompts[:n], params, use_tqdm=False)
+        plain, alone = run({}), run({"logprobs": 5})
+        assert [o.outputs[0].token_ids for o in alone] == [o.outputs[0].token_ids for o in plain], name
+        # two steps of logprobs alone, then the same requests beside a penalized one (its own pages and slot)
+        mixed_params = [SamplingParams(**c, seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
+                        for i in range(4)]
+        engine = llm.llm_engine
+        for i, p in enumerate(mixed_params):
+            engine.add_request(f"mixed-{name}-{i}", prompts[i], p)
+        for _ in range(3):
+            engine.step()
+        engine.add_request(f"mixed-{name}-penalized", prompts[4], SamplingParams(
+            temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, presence_penalty=2.0, frequency_penalty=1.0))
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished |= {o.request_id: o for o in engine.step() if o.finished}
+        for i, want in enumerate(alone[:4]):
+            got = finished[f"mixed-{name}-{i}"].outputs[0]
+            assert got.token_ids == want.outputs[0].token_ids, (name, i)
+            for g, w in zip(got.logprobs, want.outputs[0].logprobs):
+                assert g.keys() == w.keys()
+                np.testing.assert_allclose([v.logprob for v in g.values()], [v.logprob for v in w.values()],
+                                           rtol=1e-5, atol=1e-6)
+
+
 def test_prompt_logprobs_of_a_chunked_prompt(hf, llms):
     """A 100-token prompt prefilled in two chunks (64 + 36): every prompt token scored once, as transformers."""
     prompt = random_prompts(1, 100, 100, seed=12)[0]

@@ -38,13 +38,13 @@ def bucket_list(sizes: list[int] | None, limit: int) -> list[int] | None:
     return sorted({b for b in sizes if 0 < b < limit} | {limit}) if sizes else None
 
 
-def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, extended: bool = False, log=None,
-                    k_values: list[int] | None = None) -> int:
-    """Compile every decode and prefill bucket in the one sampling mode the run uses (extended: logits processors
-    or logprobs), decode steps for every k its speculation policy may pick (or `k_values`); `log(msg)` hears each
-    program's compile time."""
+def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, extended: bool = False, processors: bool = False,
+                    log=None, k_values: list[int] | None = None) -> int:
+    """Compile every decode and prefill bucket in the one sampling mode the run uses (extended: logprobs, with
+    logits processors if `processors`), decode steps for every k its speculation policy may pick (or
+    `k_values`); `log(msg)` hears each program's compile time."""
     engine = llm.llm_engine
-    return engine.runner.warmup(kinds=((all_greedy, filtered, extended, False),),
+    return engine.runner.warmup(kinds=((all_greedy, filtered, extended, extended and processors, False),),
                                 k_values=k_values or engine.spec_policy.choices, log=log)
 
 

@@ -569,8 +569,9 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     if not args.engine_warmup and not args.no_warmup_compile:
         t0 = time.perf_counter()
         flags = sampler.batch_flags([args.temperature], [args.top_k], [args.top_p], cfg.vocab_size)
-        n = bench.guard(f"compile {label}", engine.compile_buckets, llm, *flags, bool(processor_options(args)),
-                        log=bench.log)
+        options = processor_options(args)
+        n = bench.guard(f"compile {label}", engine.compile_buckets, llm, *flags, bool(options),
+                        bool(set(options) - {"logprobs"}), log=bench.log)
         bench.log(f"compiled {n} programs in {time.perf_counter() - t0:.1f} s")
     bench.save()
     t0 = time.perf_counter()

@@ -28,29 +28,32 @@ from jaxspec.models import eagle, llama
 logger = logging.getLogger("jaxspec")
 
 
-# A batch's kind: (all_greedy, filtered, extended, prompt_logprobs), from its rows (SamplingTable.batch) and, for
-# prefill, whether a chunk wants prompt logprobs. Each step maps it to few compiled variants: the extended decode
-# keeps all_greedy (a greedy batch with processors or logprobs never builds the sampling distribution) and, for
-# sampling batches, the filtered flag; the extended prefill always filters (its sort covers R rows, not B * (k+1)).
-# So a warm engine has 6 decode and 5 prefill variants per bucket.
-BatchKind = tuple[bool, bool, bool, bool]
-ALL_KINDS: tuple[BatchKind, ...] = ((True, False, False, False), (False, False, False, False),
-                                    (False, True, False, False), (True, False, True, False),
-                                    (False, False, True, False), (False, True, True, False),
-                                    (False, True, True, True))
+# A batch's kind: (all_greedy, filtered, extended, processors, prompt_logprobs), from its rows
+# (SamplingTable.batch) and, for prefill, whether a chunk wants prompt logprobs. Each step maps it to few compiled
+# variants: the extended decode keeps all_greedy (a greedy batch with processors or logprobs never builds the
+# sampling distribution), for sampling batches the filtered flag, and whether any row has a logits processor (a
+# batch that wants logprobs alone skips them); the extended prefill always filters and processes (its sort covers
+# R rows, not B * (k+1)). So a warm engine has 9 decode and 5 prefill variants per bucket.
+BatchKind = tuple[bool, bool, bool, bool, bool]
+_SAMPLING = ((True, False), (False, False), (False, True))  # (all_greedy, filtered): greedy, random, top-k/top-p
+ALL_KINDS: tuple[BatchKind, ...] = (tuple((g, f, False, False, False) for g, f in _SAMPLING)
+                                    + tuple((g, f, True, p, False) for p in (False, True) for g, f in _SAMPLING)
+                                    + ((False, True, True, True, True),))
 # Greedy, random, and top-k/top-p without processors or logprobs: what a GPU compiles at start-up by default
 # (LLM(warmup="auto")); the extended kinds compile on first use there (each one logged).
 BASIC_KINDS: tuple[BatchKind, ...] = ALL_KINDS[:3]
 
 
 def decode_mode(kind: BatchKind) -> BatchKind:
-    all_greedy, filtered, extended, _ = kind
-    return (all_greedy, filtered, extended, False)  # prompt logprobs are prefill's only
+    all_greedy, filtered, extended, processors, _ = kind
+    return (all_greedy, filtered, extended, processors, False)  # prompt logprobs are prefill's only
 
 
 def prefill_mode(kind: BatchKind) -> BatchKind:
-    all_greedy, filtered, extended, prompt_logprobs = kind
-    return (False, True, True, prompt_logprobs) if extended or prompt_logprobs else (all_greedy, filtered, False, False)
+    all_greedy, filtered, extended, _, prompt_logprobs = kind
+    if extended or prompt_logprobs:
+        return (False, True, True, True, prompt_logprobs)
+    return (all_greedy, filtered, False, False, False)
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -92,8 +95,8 @@ class ModelRunner:
                              synthetic_acceptance=synthetic_acceptance, shardings=shardings).canonical()
         # the step's static spec for each k <= K and mode (decode_mode / prefill_mode of a batch kind), built once
         self._specs = {(k, mode): dataclasses.replace(self.spec, num_speculative_tokens=k, all_greedy=mode[0],
-                                                      filtered=mode[1], extended=mode[2],
-                                                      prompt_logprobs=mode[3]).canonical()
+                                                      filtered=mode[1], extended=mode[2], processors=mode[3],
+                                                      prompt_logprobs=mode[4]).canonical()
                        for k in range(self.k + 1)
                        for mode in {f(kind) for kind in ALL_KINDS for f in (decode_mode, prefill_mode)}}
         self.num_prefill_tokens = 0  # prompt (and recomputed) tokens run through prefill so far
@@ -156,7 +159,8 @@ class ModelRunner:
         k = spec.num_speculative_tokens
         tokens = size * (k + 1) if step is decode_step else size
         fn = program(step, tokens, spec)
-        key = (step.__name__, size, k, spec.all_greedy, spec.filtered, spec.extended, spec.prompt_logprobs)
+        key = (step.__name__, size, k, spec.all_greedy, spec.filtered, spec.extended, spec.processors,
+               spec.prompt_logprobs)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
@@ -166,7 +170,7 @@ class ModelRunner:
             if fn._cache_size() > programs:
                 jax.block_until_ready(out)
                 mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
-                mode += ", processors + logprobs" if spec.extended else ""
+                mode += (", processors + logprobs" if spec.processors else ", logprobs") if spec.extended else ""
                 mode += ", prompt logprobs" if spec.prompt_logprobs else ""
                 (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} (k={k}, {mode}) "
                                      f"in {time.perf_counter() - t0:.1f} s")
@@ -282,7 +286,7 @@ class ModelRunner:
         runs them (host dispatch included): the step-time model of the dynamic speculation policy. Compiles what it
         times. The rows are padding, so attention reads no context: at long contexts real steps are slower."""
         times = {}
-        greedy = decode_mode((True, False, False, False))
+        greedy = decode_mode(ALL_KINDS[0])
         for B in self.cfg.decode_buckets:
             for k in k_values:
                 spec = self._specs[(k, greedy)]

@@ -1,7 +1,8 @@
 """Logits processors and log-probabilities for the extended step, applied at every verified position.
 
 The extended step runs when any row of a batch needs a processor or logprobs (SamplingParams.needs_extended_step);
-other batches run the plain sampler, untouched. At verify position j (logits[:, j] scores the token at sequence
+other batches run the plain sampler, untouched. A batch whose rows want logprobs alone (no row has a processor)
+runs the extended step without the processors: the raw target, no state read or committed. At verify position j (logits[:, j] scores the token at sequence
 position q0 + 1 + j, where q0 is the position of inputs[:, 0], the last committed token) every processor sees the
 history up to that position: the committed tokens plus the drafts inputs[:, 1..j] it would follow if accepted. So
 rejection sampling compares each draft with exactly the distribution plain decoding would sample there, and the
@@ -179,22 +180,24 @@ def top_n(x: jax.Array, num: int, block: int = 128) -> tuple[jax.Array, jax.Arra
     return jnp.take_along_axis(candidates, at, axis=-1), jnp.take_along_axis(ids, at, axis=-1).astype(jnp.int32)
 
 
-def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, rows: ProcessorState,
+def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, rows: ProcessorState | None,
            packed: jax.Array, filtered: bool, num_logprobs: int,
            all_greedy: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`sampler.rejection_sample` of the drafts inputs[:, 1:] against the processed target (min_p included),
     keyed on positions q0 + 1 ..; returns (tokens [B, T], n_acc [B], logprobs of the tokens [B, T, 2 + 2 num]).
-    all_greedy (static): every row is greedy, so the drafts are checked against the processed argmax and the
-    sampling distribution (softmax, min_p, random draws) is never built."""
+    rows None: no row of the batch has a processor, so the target is the raw one (no state read, no pass over
+    the logits for them). all_greedy (static): every row is greedy, so the drafts are checked against the
+    processed argmax and the sampling distribution (softmax, min_p, random draws) is never built."""
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     p = Params.unpack(packed)
-    processed = apply(logits, inputs, q0, rows, p)
+    processed = logits.astype(jnp.float32) if rows is None else apply(logits, inputs, q0, rows, p)
     if all_greedy:
         tokens, n_acc = sampler.rejection_sample(processed, inputs[:, 1:], num_valid, temperature, top_k, top_p,
                                                  seeds, q0 + 1, all_greedy=True)
         scores = processed  # distribution_scores of greedy rows
     else:
-        probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, p.min_p)
+        probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered,
+                                     None if rows is None else p.min_p)
         tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
         scores = distribution_scores(processed, probs, temperature)
     return tokens, n_acc, pack_logprobs(scores, tokens, num_logprobs)

@@ -190,15 +190,18 @@ class SamplingTable:
 
     def __init__(self, num_slots: int, vocab_size: int):
         self.rows = np.zeros(num_slots + 1, ROW_DTYPE)
+        self.processors = np.zeros(num_slots + 1, bool)  # host only: the slot's request uses a logits processor
         self.vocab_size = vocab_size
 
     def set(self, slot: int, params, seed: int, prompt_len: int) -> None:
         self.rows[slot] = (params.temperature, params.top_k, params.top_p, seed, params.presence_penalty,
                            params.frequency_penalty, params.repetition_penalty, params.min_p, params.min_tokens,
                            prompt_len, params.needs_extended_step)
+        self.processors[slot] = params.needs_processors
 
-    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool, bool]]:
-        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered, extended))."""
+    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool, bool, bool]]:
+        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered, extended, processors))."""
         rows = self.rows[slots]
         flags = batch_flags(rows["temperature"], rows["top_k"], rows["top_p"], self.vocab_size)
-        return rows.view(np.uint32).reshape(len(rows), -1), flags + (bool(rows["extended"].any()),)
+        return rows.view(np.uint32).reshape(len(rows), -1), flags + (bool(rows["extended"].any()),
+                                                                     bool(self.processors[slots].any()))

@@ -15,7 +15,8 @@ Host plan layouts (few, large arrays: each jit argument leaf costs host time per
 
 The extended variant (StepSpec.extended: some row needs a logits processor or logprobs, engine/processors.py)
 samples from the processed distribution, commits the processor state and appends each emitted token's logprobs
-to `out`: decode [B, k+2 + (k+1) W], prefill [R, 2 + W] (W = 2 + 2 num_logprobs, processors.pack_logprobs); with
+to `out` (a decode batch where no row has a processor, StepSpec.processors False, samples from the raw target and
+leaves the processor state alone): decode [B, k+2 + (k+1) W], prefill [R, 2 + W] (W = 2 + 2 num_logprobs, processors.pack_logprobs); with
 prompt_logprobs, prefill's `out` has N more rows, one per flat token (columns 2..: the next token's logprobs under
 the raw target, as vLLM's prompt logprobs).
 """
@@ -54,6 +55,7 @@ class StepSpec:
     all_greedy: bool = True
     filtered: bool = False
     extended: bool = False  # processors and logprobs (decode: all_greedy skips the sampling distribution)
+    processors: bool = False  # extended decode: some row has a logits processor (else logprobs alone)
     prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
     num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
@@ -180,8 +182,9 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
     num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
     if spec.extended:
-        emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, state.proc.rows(slots),
-                                                     sampling, spec.filtered, spec.num_logprobs, spec.all_greedy)
+        proc_rows = state.proc.rows(slots) if spec.processors else None
+        emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, proc_rows, sampling,
+                                                     spec.filtered, spec.num_logprobs, spec.all_greedy)
     else:
         emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p,
                                                   seeds, n, spec.all_greedy, spec.filtered)
@@ -203,9 +206,10 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device
     proc, out = state.proc, [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
-    if spec.extended:
+    if spec.processors:  # only processors read the counts (a logprobs request's rows are left as admitted)
         j = jnp.arange(k + 1)
         proc = processors.count_tokens(proc, slots, emitted, n[:, None] + j, j <= n_acc[:, None])
+    if spec.extended:
         out.append(logprobs.reshape(B, -1))
     # the spare row stays one token long: padding rows read their length from it, and a length that grew with
     # every padded step would have them attend over ever more of page 0 (by the end, every padding row cost as
