@@ -3,7 +3,8 @@
     python bench/step_time.py --hf-config llama-3-8b --batches 1,2,4,8,16,32 --context 512
 
 Random weights of the given shape (bf16), every slot at `--context` tokens, plain decoding (k = 0) or the fused
-verify+draft step with an EAGLE-1 head (`--k`). Steps are dispatched back to back (the engine's async mode keeps
+verify+draft step with an EAGLE-1 head (`--k`). `--sampling` gives every row the same SamplingParams (JSON, e.g.
+'{"logprobs": 5, "presence_penalty": 0.5}'), so the step runs the variant such a batch runs (default greedy). Steps are dispatched back to back (the engine's async mode keeps
 the device this busy) and timed over `--iters` after a warm-up. The floor is the throughput roofline's
 (jaxspec/bench/report.py), the larger of the bytes a step reads (every weight it multiplies by, not the embedding
 table: a lookup reads B rows; every cached K/V once) over the measured copy bandwidth and the FLOPs it computes
@@ -30,17 +31,20 @@ from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
 from jaxspec.models import eagle, llama  # noqa: E402
 from jaxspec.models.kernel_config import KernelConfig  # noqa: E402
+from jaxspec.sampling_params import SamplingParams  # noqa: E402
 
 
 def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, iters: int,
                max_model_len: int | None = None, pool_scale: float = 1.0, profile_dir: str | None = None,
-               page_size: int = 16) -> dict:
+               page_size: int = 16, sampling: SamplingParams | None = None) -> dict:
     need = context + (iters + 8) * (k + 1) + 2 * k + 16
     ec = EngineConfig(max_model_len=max(need, max_model_len or 0), max_num_seqs=B, page_size=page_size,
                       decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None)
     ec.num_pages = int(B * ec.pages_per_seq * pool_scale)
     runner = ModelRunner(ec, cfg, w, dcfg, dw)
+    for slot in range(B):  # every row's params; the processor state stays the initial one (timing only)
+        runner.sampling.set(slot, sampling or SamplingParams(temperature=0.0), slot, context // 2)
     timing = decode_step_time(runner, B, context, iters)
     kernels = profile_steps(runner, B, context, iters, profile_dir) if profile_dir else None
     costs = step_costs(cfg, w, dcfg, dw, k)
@@ -83,8 +87,11 @@ def main() -> None:
                                                           "table splits), to compare settings")
     ap.add_argument("--profile-dir", help="also trace --iters pipelined steps at the first batch size and print "
                                           "device time per step by kernel")
+    ap.add_argument("--sampling", type=json.loads, default={"temperature": 0.0},
+                    help="SamplingParams of every row, as JSON (default greedy)")
     ap.add_argument("--output-json")
     args = ap.parse_args()
+    sampling = SamplingParams(**({"temperature": 0.0} | args.sampling))
 
     kernel = KernelConfig.from_env()
     if args.pallas_programs:
@@ -102,7 +109,7 @@ def main() -> None:
     rows = []
     for i, B in enumerate(int(b) for b in args.batches.split(",")):
         r = time_batch(cfg, w, dcfg, dw, B, args.context, args.k, args.iters, args.max_model_len,
-                       args.pool_scale, args.profile_dir if i == 0 else None, args.page_size)
+                       args.pool_scale, args.profile_dir if i == 0 else None, args.page_size, sampling)
         r |= floors(r["bytes"], r["flops"], bw["tb_s"], mm["tflop_s"])
         r["over_floor"] = r["step_s"] * 1e3 / r["floor_ms"]
         rows.append(r)
@@ -111,7 +118,7 @@ def main() -> None:
               f"{r['bytes_floor_ms']:.3f}, FLOPs {r['flops_floor_ms']:.3f}: {r['bound']})  x{r['over_floor']:.2f}",
               flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop,
+              "command": " ".join(sys.argv), "layer_loop": cfg.layer_loop, "sampling": args.sampling,
               "kernel": dataclasses.asdict(kernel), "pool_scale": args.pool_scale, "page_size": args.page_size,
               "env": env_knobs(), "bandwidth": bw, "matmul": mm, "rows": rows}
     if args.output_json:
