@@ -51,6 +51,7 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
     mean_context = context + iters * (k + 1) / 2
     return {"batch": B, "k": k, "context": context, "pool_pages": ec.num_pages, "step_s": timing.pipelined_s,
             "step_blocking_s": timing.blocking_s, "dispatch_s": timing.dispatch_s,
+            "busy_dispatch_s": timing.busy_dispatch_s,
             "bytes": step_bytes(costs, B, mean_context), "flops": step_flops(costs, B, mean_context),
             "kernels_per_step": kernels}
 
@@ -114,7 +115,7 @@ def main() -> None:
         r["over_floor"] = r["step_s"] * 1e3 / r["floor_ms"]
         rows.append(r)
         print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f}, "
-              f"dispatch {r['dispatch_s'] * 1e3:6.3f})  floor {r['floor_ms']:7.3f} ms (bytes "
+              f"dispatch {r['dispatch_s'] * 1e3:6.3f}, while busy {r['busy_dispatch_s'] * 1e3:6.3f})  floor {r['floor_ms']:7.3f} ms (bytes "
               f"{r['bytes_floor_ms']:.3f}, FLOPs {r['flops_floor_ms']:.3f}: {r['bound']})  x{r['over_floor']:.2f}",
               flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),

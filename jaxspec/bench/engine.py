@@ -129,6 +129,9 @@ class DecodeTiming(NamedTuple):
     blocking_s: float  # per step, each read before the next is dispatched
     dispatch_s: float  # host time to dispatch one step onto an idle device
     num_steps: int  # steps run in all (warm-up included): what a trace of the call holds
+    # host time of one dispatch while earlier steps run (back to back): near dispatch_s unless the launch waits
+    # for the device (a host sync inside the program), when it nears pipelined_s
+    busy_dispatch_s: float = 0.0
 
 
 def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
@@ -157,8 +160,11 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
         out = runner.decode(slots, tables)
     np.asarray(out)
     t0 = time.perf_counter()
+    busy = 0.0
     for _ in range(iters):
+        t1 = time.perf_counter()
         out = runner.decode(slots, tables)
+        busy += time.perf_counter() - t1
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
     dispatch = 0.0
@@ -169,4 +175,4 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
         dispatch += time.perf_counter() - t1
         np.asarray(out)
     return DecodeTiming(pipelined, (time.perf_counter() - t0) / blocking, dispatch / blocking,
-                        warmup + iters + blocking)
+                        warmup + iters + blocking, busy / iters)
