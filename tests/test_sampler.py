@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from jaxspec.engine.sampler import (batch_flags, filter_probs, pack_params, rejection_sample, token_keys,
-                                    unpack_params)
+from jaxspec.engine.sampler import (SamplingTable, batch_flags, filter_probs, pack_params, rejection_sample,
+                                    token_keys, unpack_params)
 from tests.numerics import FP32_EPS, assert_close_scaled
 
 ALPHA = 0.01
@@ -95,6 +95,27 @@ def test_pack_and_flags():
     assert batch_flags([0, 0], [5, 0], [0.5, 1], 100) == (True, False)
     assert batch_flags([0, 1], [5, 0], [0.5, 1], 100) == (False, False)
     assert batch_flags([1, 1], [0, 100], [1.0, 0.9], 100) == (False, True)
+
+
+def test_sampling_table_rows_and_batch_kind():
+    """Each slot's packed row is pack_params' row of its request; a batch's kind ORs its slots' (the padding row,
+    index num_slots, is greedy and plain)."""
+    from jaxspec import SamplingParams
+    t = SamplingTable(4, 100)
+    t.set(0, SamplingParams(temperature=0, top_p=0.5), 7, 3)  # greedy: its top_p filters nothing
+    t.set(1, SamplingParams(temperature=0.8, top_k=5, seed=1), 8, 4)
+    t.set(2, SamplingParams(temperature=0, logprobs=2), 9, 5)
+    t.set(3, SamplingParams(temperature=0, presence_penalty=0.5, min_tokens=2), 10, 6)
+    packed, kind = t.batch(np.array([0, 1, 2, 3, 4]))
+    want = pack_params([0.0, 0.8, 0.0, 0.0, 0.0], [0, 5, 0, 0, 0], [0.5, 1.0, 1.0, 1.0, 0.0], [7, 8, 9, 10, 0],
+                       repetition_penalty=[1.0] * 4 + [0.0], presence_penalty=[0, 0, 0, 0.5, 0],
+                       min_tokens=[0, 0, 0, 2, 0], prompt_len=[3, 4, 5, 6, 0], extended=[0, 0, 1, 1, 0])
+    assert packed.dtype == np.uint32 and (packed == want).all()
+    assert kind == (False, True, True, True)
+    assert t.batch(np.array([0, 4]))[1] == (True, False, False, False)
+    assert t.batch(np.array([0, 2]))[1] == (True, False, True, False)
+    assert t.batch(np.array([2, 3, 4]))[1] == (True, False, True, True)
+    assert t.batch(np.array([1, 4]))[1] == (False, True, False, False)
 
 
 # ---- greedy accept/reject

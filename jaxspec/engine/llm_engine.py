@@ -34,10 +34,10 @@ from jaxspec.engine.input_processor import InputProcessor
 from jaxspec.engine.model_runner import ModelRunner, pick_bucket
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.scheduler import Scheduler, StepPlan
-from jaxspec.engine.sequence import Sequence
+from jaxspec.engine.sequence import Sequence, Status
 from jaxspec.engine.spec_policy import SpecPolicy
 from jaxspec.outputs import RequestOutput
-from jaxspec.sampling_params import SamplingParams
+from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -265,7 +265,11 @@ class LLMEngine:
 
     def _outputs(self, touched: list[Sequence]) -> list[RequestOutput]:
         outputs = []
-        for seq in {id(s.group[0]): s.group[0] for s in touched}.values():  # one output per request
+        # one output per request; a FINAL_ONLY sample that is still running has nothing to report (the common case
+        # at every step of LLM.generate: skipped here, not one make_output per row)
+        final_only = RequestOutputKind.FINAL_ONLY
+        for seq in {id(s.group[0]): s.group[0] for s in touched
+                    if s.is_finished or s.params.output_kind is not final_only}.values():
             out = self.output_processor.make_output(seq)
             if out is not None:
                 outputs.append(out)
@@ -296,7 +300,9 @@ class LLMEngine:
         over every row)."""
         m = self.spec_metrics
         # the extra step of a request that already finished: its tokens are discarded, and so is its draft
-        live = np.fromiter((not seq.is_finished for seq in plan.decode), bool, len(plan.decode))
+        finished = Status.FINISHED  # a list comprehension over the status: ~4 us at 96 rows, fromiter over a
+        # generator of the property ~50 us
+        live = np.array([seq.status is not finished for seq in plan.decode], bool)
         accepted = decode_np[:len(plan.decode), 0][live].astype(np.int64) - 1
         self.spec_policy.observe(np.asarray(plan.decode_slots)[live], k, accepted)
         if k == 0:
@@ -304,5 +310,6 @@ class LLMEngine:
         m.num_drafts += len(accepted)
         m.num_draft_tokens += k * len(accepted)
         m.num_accepted_tokens += int(accepted.sum())
-        for j in range(k):
-            m.accepted_per_position[j] += int(np.count_nonzero(accepted > j))
+        at_least = np.bincount(accepted, minlength=k + 1)[::-1].cumsum()[::-1]  # [m]: rows that accepted >= m
+        for j, n in enumerate(at_least[1:k + 1].tolist()):  # position j accepted: at least j + 1 drafts
+            m.accepted_per_position[j] += n
