@@ -4,8 +4,9 @@
 
 Random weights of the given shape (bf16), every slot at `--context` tokens, plain decoding (k = 0) or the fused
 verify+draft step with an EAGLE-1 head (`--k`). `--sampling` gives every row the same SamplingParams (JSON, e.g.
-'{"logprobs": 5, "presence_penalty": 0.5}'), so the step runs the variant such a batch runs (default greedy). Steps are dispatched back to back (the engine's async mode keeps
-the device this busy) and timed over `--iters` after a warm-up. The floor is the throughput roofline's
+'{"logprobs": 5, "presence_penalty": 0.5}'), so the step runs the variant such a batch runs (default greedy).
+Steps are dispatched back to back (the engine's async mode keeps the device this busy) and timed over `--iters`
+after a warm-up. The floor is the throughput roofline's
 (jaxspec/bench/report.py), the larger of the bytes a step reads (every weight it multiplies by, not the embedding
 table: a lookup reads B rows; every cached K/V once) over the measured copy bandwidth and the FLOPs it computes
 over the measured bf16 matmul rate.
@@ -115,7 +116,8 @@ def main() -> None:
         r["over_floor"] = r["step_s"] * 1e3 / r["floor_ms"]
         rows.append(r)
         print(f"B={B:4d} k={args.k} step {r['step_s'] * 1e3:7.3f} ms (blocking {r['step_blocking_s'] * 1e3:7.3f}, "
-              f"dispatch {r['dispatch_s'] * 1e3:6.3f}, while busy {r['busy_dispatch_s'] * 1e3:6.3f})  floor {r['floor_ms']:7.3f} ms (bytes "
+              f"dispatch {r['dispatch_s'] * 1e3:6.3f}, while busy {r['busy_dispatch_s'] * 1e3:6.3f})  "
+              f"floor {r['floor_ms']:7.3f} ms (bytes "
               f"{r['bytes_floor_ms']:.3f}, FLOPs {r['flops_floor_ms']:.3f}: {r['bound']})  x{r['over_floor']:.2f}",
               flush=True)
     result = {"machine": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),

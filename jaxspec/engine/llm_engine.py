@@ -300,8 +300,7 @@ class LLMEngine:
         over every row)."""
         m = self.spec_metrics
         # the extra step of a request that already finished: its tokens are discarded, and so is its draft
-        finished = Status.FINISHED  # a list comprehension over the status: ~4 us at 96 rows, fromiter over a
-        # generator of the property ~50 us
+        finished = Status.FINISHED  # the status itself, not Sequence.is_finished: 96 property calls cost ~20 us
         live = np.array([seq.status is not finished for seq in plan.decode], bool)
         accepted = decode_np[:len(plan.decode), 0][live].astype(np.int64) - 1
         self.spec_policy.observe(np.asarray(plan.decode_slots)[live], k, accepted)

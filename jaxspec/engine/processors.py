@@ -2,11 +2,12 @@
 
 The extended step runs when any row of a batch needs a processor or logprobs (SamplingParams.needs_extended_step);
 other batches run the plain sampler, untouched. A batch whose rows want logprobs alone (no row has a processor)
-runs the extended step without the processors: the raw target, no state read or committed. At verify position j (logits[:, j] scores the token at sequence
-position q0 + 1 + j, where q0 is the position of inputs[:, 0], the last committed token) every processor sees the
-history up to that position: the committed tokens plus the drafts inputs[:, 1..j] it would follow if accepted. So
-rejection sampling compares each draft with exactly the distribution plain decoding would sample there, and the
-output distribution stays the processed target's (tests/test_processors.py checks it by chi-square).
+runs the extended step without the processors: the raw target, no state read or committed. At verify position j
+(logits[:, j] scores the token at sequence position q0 + 1 + j, where q0 is the position of inputs[:, 0], the last
+committed token) every processor sees the history up to that position: the committed tokens plus the drafts
+inputs[:, 1..j] it would follow if accepted. So rejection sampling compares each draft with exactly the
+distribution plain decoding would sample there, and the output distribution stays the processed target's
+(tests/test_processors.py checks it by chi-square).
 
 "Processed", in vLLM's order:
   1. + logit_bias; -inf outside allowed_token_ids, at the last token of a bad word whose other tokens end the

@@ -14,11 +14,11 @@ Host plan layouts (few, large arrays: each jit argument leaf costs host time per
   both    sampling [rows, C] uint32 (sampler.COLUMNS)
 
 The extended variant (StepSpec.extended: some row needs a logits processor or logprobs, engine/processors.py)
-samples from the processed distribution, commits the processor state and appends each emitted token's logprobs
-to `out` (a decode batch where no row has a processor, StepSpec.processors False, samples from the raw target and
-leaves the processor state alone): decode [B, k+2 + (k+1) W], prefill [R, 2 + W] (W = 2 + 2 num_logprobs, processors.pack_logprobs); with
-prompt_logprobs, prefill's `out` has N more rows, one per flat token (columns 2..: the next token's logprobs under
-the raw target, as vLLM's prompt logprobs).
+samples from the processed distribution, commits the processor state and appends each emitted token's logprobs to
+`out` (a decode batch where no row has a processor, StepSpec.processors False, samples from the raw target and
+leaves the processor state alone): decode [B, k+2 + (k+1) W], prefill [R, 2 + W] (W = 2 + 2 num_logprobs,
+processors.pack_logprobs); with prompt_logprobs, prefill's `out` has N more rows, one per flat token (columns 2..:
+the next token's logprobs under the raw target, as vLLM's prompt logprobs).
 """
 
 from __future__ import annotations
