@@ -10,7 +10,8 @@ Stages (SmolLM2-135M-Instruct on one H200; default --deadline-s 540):
    retried once on GSM8K train alone.
 2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1, and EAGLE-3 with
    --ttt-steps training-time-test steps and a --draft-vocab-token vocabulary; --time-budget-s is set so that the
-   evaluation still fits (--train-startup-s before the loop, --eval-reserve-s after it).
+   evaluation still fits (--train-startup-s before the loop, --eval-reserve-s after it). With --warm-start DIR
+   each head fine-tunes the one of its name in DIR (train-eagle --init-from).
 3. evaluate, each head right after its training: bench/acceptance.py at k = --eval-k (the ones that matter first)
    on --eval-prompts prompts of the held-out split and of GSM8K test, greedy, --eval-tokens tokens, scanned layers.
 OUT gets the heads (OUT/weights/<head>/: bf16 config.json, model.safetensors, training.json, acceptance.json), the
@@ -65,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--ttt-steps", type=int, default=5, help="EAGLE-3 training-time-test steps (k = 5 needs 5)")
     ap.add_argument("--draft-vocab", type=int, default=8192, help="EAGLE-3 draft vocabulary")
+    ap.add_argument("--warm-start", default="",
+                    help="directory holding earlier heads (<dir>/<head name>/, e.g. weights): each head fine-tunes "
+                    "its predecessor there instead of starting fresh")
     ap.add_argument("--train-args", default="", help="more train-eagle flags for both heads (shell words)")
     ap.add_argument("--mem-fraction", default="0.45",
                     help="XLA_PYTHON_CLIENT_MEM_FRACTION of each concurrent process ('' leaves it unset)")
@@ -162,6 +166,11 @@ def lane(p: Pipeline, method: str) -> None:
         return p.skip(f"train-{method}", f"{budget:.0f} s left for its loop")
     env = dict(p.env, XLA_PYTHON_CLIENT_MEM_FRACTION=a.mem_fraction) if a.mem_fraction else p.env
     extra = ["--draft-vocab-size", str(a.draft_vocab), "--ttt-steps", str(a.ttt_steps)] if method == "eagle3" else []
+    init = Path(a.warm_start) / HEADS[method] if a.warm_start else None
+    if init is not None and (init / "config.json").exists():
+        extra += ["--init-from", str(init)]
+    elif init is not None:
+        p.log(f"train-{method}: no head at {init}, so it starts fresh")
     p.stage(f"train-{method}", [
         sys.executable, "-m", "jaxspec", "train-eagle", "--model", a.model, "--method", method,
         "--dataset-cache", str(p.cache), "--seq-len", str(a.seq_len), "--steps", str(a.steps),

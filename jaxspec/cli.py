@@ -128,6 +128,8 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
                    "unless --data-only")
     p.add_argument("--data-only", action="store_true",
                    help="only regenerate the data into --dataset-cache (e.g. once, before training heads in parallel)")
+    p.add_argument("--init-from", help="an earlier head (directory or shipped name) to fine-tune instead of a fresh "
+                   "one: same method and shapes; EAGLE-3 draft vocabularies are matched by token")
     p.add_argument("--ckpt-dir", help="orbax checkpoints of the training state")
     p.add_argument("--ckpt-every", type=int, default=1000)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --ckpt-dir")

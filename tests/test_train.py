@@ -160,6 +160,34 @@ def test_export_load_round_trip(trained, target, method, tmp_path):
     assert json.loads((tmp_path / "float32" / "training.json").read_text())["steps_done"] == RUNS[method]["steps"]
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_warm_start_continues_from_a_trained_head(trained, target, dataset, method):
+    """A run started from a trained head begins at that head's loss, not at a fresh head's."""
+    weights, history = trained[method]
+    cfg = head_config(method)
+    _, warm = train(target, dataset, method, warm_from=(cfg, weights, "trained"), stop_at=2)
+    trained_loss = np.mean([h["loss"] for h in history[-10:]])
+    assert warm[0]["loss"] < 1.5 * trained_loss and warm[0]["loss"] < 0.75 * history[0]["loss"]
+
+
+def test_warm_start_matches_eagle3_draft_vocabularies_by_token(trained, target):
+    weights, _ = trained["eagle3"]
+    cfg = head_config("eagle3")
+    ids_old = np.arange(cfg.draft_vocab_size) + np.asarray(weights.d2t)
+    ids_new = np.sort(np.random.default_rng(1).choice(TINY.vocab_size, 64, replace=False))
+    small = cfg.replace(draft_vocab_size=64)
+    fresh = trainer.init_head(small, target, 7, (ids_new - np.arange(64)).astype(np.int32))
+    got = trainer.warm_start(fresh, small, weights, cfg, "trained")
+    np.testing.assert_array_equal(got.d2t, fresh.d2t)
+    np.testing.assert_array_equal(got.wqkv, weights.wqkv)
+    for col, tid in enumerate(ids_new):
+        want = weights.lm_head[:, np.flatnonzero(ids_old == tid)[0]] if tid in ids_old else fresh.lm_head[:, col]
+        np.testing.assert_array_equal(got.lm_head[:, col], want)
+    assert 0 < np.isin(ids_new, ids_old).sum() < 64  # both cases occur
+    with pytest.raises(ValueError, match=r"trained: the head to start from has method='eagle3'"):
+        trainer.warm_start(trained["eagle"][0], head_config("eagle"), weights, cfg, "trained")
+
+
 # ---------------------------------------------------------------- data
 
 def test_draft_vocab_keeps_eos_and_frequent_tokens():
@@ -207,7 +235,7 @@ def test_engine_regeneration_matches_greedy_loop(target, dataset):
     np.testing.assert_array_equal(got.loss_mask, dataset.loss_mask[rows])
 
 
-def test_cli_trains_and_exports(target, dataset, tmp_path):
+def test_cli_trains_and_exports(target, dataset, tmp_path, capsys):
     """`jaxspec train-eagle` from a cached dataset: bf16 head compute, export, training.json, loadable head."""
     from jaxspec.cli import main
     from jaxspec.convert.checkpoint import save_checkpoint
@@ -223,6 +251,15 @@ def test_cli_trains_and_exports(target, dataset, tmp_path):
     cfg, w = load_eagle(str(out), TINY)
     assert cfg.method == "eagle" and w.wqkv.dtype == jnp.float32
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    again = tmp_path / "again"
+    main(["train-eagle", "--model", str(model), "--method", "eagle", "--dataset-cache", str(cache), "--seq-len",
+          str(SEQ_LEN), "--steps", "3", "--batch-size", "4", "--lr", "1e-3", "--target-dtype", "float32",
+          "--init-from", str(out), "--out", str(again)])
+    assert json.loads((again / "training.json").read_text())["init_from"] == str(out)
+    with pytest.raises(SystemExit):  # before any data is made from unused.jsonl
+        main(["train-eagle", "--model", str(model), "--data", "unused.jsonl", "--init-from", str(tmp_path / "nowhere"),
+              "--out", str(again)])
+    assert "--init-from " + str(tmp_path / "nowhere") + ": not an EAGLE head" in capsys.readouterr().err
 
 
 def test_time_budget_shortens_the_schedule(target, dataset):

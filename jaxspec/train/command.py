@@ -127,6 +127,8 @@ def train_from_args(args: argparse.Namespace) -> Path:
     if not args.data_only and not args.out:
         raise ValueError("--out is required (the directory for the exported head)")
     model_path = resolve_model(args.model).weights
+    if args.init_from:  # checked before the data is made; its tensors against the target after (data is cached)
+        check_head_dir(args.init_from)
     data = build_dataset(args, model_path)
     if args.data_only:
         return Path(args.dataset_cache)
@@ -137,18 +139,26 @@ def train_from_args(args: argparse.Namespace) -> Path:
     aux = tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers else None
     draft_vocab = min(args.draft_vocab_size, tcfg.vocab_size) if args.method == "eagle3" else None
     hcfg = eagle.EagleConfig.from_target(tcfg, args.method, draft_vocab_size=draft_vocab, aux_layers=aux)
+    warm_from = None
+    if args.init_from:
+        from jaxspec.convert.eagle import load_eagle
+
+        init_cfg, init = load_eagle(args.init_from, tcfg, args.method)
+        warm_from = (init_cfg, init, str(args.init_from))
     start = time.perf_counter()
     weights, history = train_eagle(
         tcfg, tw, hcfg, data, args.steps, args.batch_size, args.lr, ttt_steps=args.ttt_steps,
         noise=args.noise, compute_dtype=args.compute_dtype, warmup_steps=args.warmup_steps, ckpt_dir=args.ckpt_dir,
-        ckpt_every=args.ckpt_every, resume=args.resume, time_budget_s=args.time_budget_s, seed=args.seed)
+        ckpt_every=args.ckpt_every, resume=args.resume, time_budget_s=args.time_budget_s, seed=args.seed,
+        warm_from=warm_from)
     wall = time.perf_counter() - start
     every = max(1, len(history) // 200)
     info = training_info(
         history, wall, command=shlex.join(["jaxspec"] + sys.argv[1:]), method=args.method, model=str(args.model),
         data=data.meta | {"num_sequences": len(data), "seq_len": data.seq_len,
                           "response_tokens": int(data.loss_mask.sum())},
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, target_dtype=args.target_dtype,
+        init_from=args.init_from, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        target_dtype=args.target_dtype,
         compute_dtype=args.compute_dtype, export_dtype=args.dtype, aux_layers=list(hcfg.aux_layers),
         draft_vocab_size=hcfg.draft_vocab_size, draft_vocab_coverage=draft_vocab_coverage(data, weights),
         curve=[{"step": h["step"], "loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}
@@ -156,6 +166,18 @@ def train_from_args(args: argparse.Namespace) -> Path:
     out = export_head(args.out, hcfg, weights, args.dtype, info)
     print(f"wrote {out} (final loss {info['final_loss_avg50']:.4f}, top-1 acc per step {info['final_acc_avg50']})")
     return out
+
+
+def check_head_dir(head: str) -> None:
+    """--init-from names a head directory (or a shipped head) with a config.json; ValueError naming it if not."""
+    from jaxspec.resolve import resolve_head
+
+    try:
+        path = resolve_head(head)
+    except ValueError:
+        path = None
+    if path is None or not (path / "config.json").exists():
+        raise ValueError(f"--init-from {head}: not an EAGLE head directory (no config.json) nor a shipped head")
 
 
 def draft_vocab_coverage(data: TokenDataset, weights: eagle.EagleWeights) -> float | None:

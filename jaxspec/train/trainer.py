@@ -122,6 +122,38 @@ def init_head(hcfg: eagle.EagleConfig, tw: llama.Weights, seed: int, d2t: np.nda
     return w
 
 
+def warm_start(fresh: eagle.EagleWeights, hcfg: eagle.EagleConfig, init: eagle.EagleWeights,
+               init_cfg: eagle.EagleConfig, source: str) -> eagle.EagleWeights:
+    """`fresh` (a new head for `hcfg`, its draft vocabulary chosen from this run's data) with every tensor taken from
+    an earlier head `init`, so fine-tuning on a new mix starts from what that head learnt. EAGLE-3 heads whose draft
+    vocabularies differ share lm_head columns by target id: a token in both keeps its trained column, a new one keeps
+    its fresh column. Raises ValueError naming `source` and the setting or tensor that does not fit."""
+    for name in ("method", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
+                 "vocab_size", "aux_layers", "fc_bias", "own_embed"):
+        if getattr(init_cfg, name) != getattr(hcfg, name):
+            raise ValueError(f"{source}: the head to start from has {name}={getattr(init_cfg, name)!r}, "
+                             f"this run trains {name}={getattr(hcfg, name)!r}")
+    out = {}
+    for f in dataclasses.fields(eagle.EagleWeights):
+        mine, theirs = getattr(fresh, f.name), getattr(init, f.name)
+        if f.name == "d2t" or mine is None:
+            out[f.name] = mine
+        elif f.name == "lm_head" and hcfg.method == "eagle3":
+            new_ids = np.arange(hcfg.draft_vocab_size) + np.asarray(fresh.d2t)
+            old_ids = np.arange(init_cfg.draft_vocab_size) + np.asarray(init.d2t)
+            col_of = np.full((hcfg.vocab_size,), -1, np.int64)
+            col_of[old_ids] = np.arange(len(old_ids))
+            src = col_of[new_ids]  # the old column of each new draft id, -1 where the old head had none
+            taken = jnp.asarray(theirs, jnp.float32)[:, np.maximum(src, 0)]
+            out[f.name] = jnp.where(jnp.asarray(src >= 0)[None, :], taken, mine)
+        elif theirs is None or theirs.shape != mine.shape:
+            raise ValueError(f"{source}: tensor {f.name} has shape {None if theirs is None else theirs.shape}, "
+                             f"this run needs {mine.shape}")
+        else:
+            out[f.name] = jnp.asarray(theirs, jnp.float32)
+    return eagle.EagleWeights(**out)
+
+
 # ---------------------------------------------------------------- checkpoints
 
 def _manager(ckpt_dir: str | Path, keep: int):
@@ -168,6 +200,7 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
                 min_lr_ratio: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.5,
                 keep_tokens: tuple[int, ...] | None = None,
                 init_weights: eagle.EagleWeights | None = None, lm_head_from_target: bool = False,
+                warm_from: tuple[eagle.EagleConfig, eagle.EagleWeights, str] | None = None,
                 ckpt_dir: str | Path | None = None, ckpt_every: int = 1000, keep_checkpoints: int = 2,
                 resume: bool = False, stop_at: int | None = None, time_budget_s: float | None = None,
                 seed: int = 0, progress: bool = True) -> tuple[eagle.EagleWeights, list[dict]]:
@@ -178,6 +211,7 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     `keep_tokens` (default: the dataset's EOS ids) always enter EAGLE-3's draft vocabulary. `stop_at` ends the
     run early at that step (the schedule still spans `steps`), e.g. to resume later with `resume=True`, which
     continues from the latest checkpoint in `ckpt_dir` with the same data order, noise and metric history.
+    `warm_from` (config, weights, where they came from) starts from an earlier head instead (`warm_start`).
     `time_budget_s` bounds this call's wall time, compile included: after a few timed steps, and again every 5 %
     of the budget, the schedule is shortened to the steps that fit (never lengthened), so the learning rate still
     decays to its end; should steps slow down between two estimates, the loop stops when the budget is spent.
@@ -199,6 +233,9 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     frozen = Frozen(target=target_weights, d2t=None if d2t is None else jnp.asarray(d2t),
                     t2d=None if t2d is None else jnp.asarray(t2d))
     w = init_weights if init_weights is not None else init_head(hcfg, target_weights, seed, d2t, lm_head_from_target)
+    if warm_from is not None:
+        init_cfg, init, source = warm_from
+        w = warm_start(w, hcfg, init, init_cfg, source)
     # fresh fp32 buffers: the step donates them, which must not invalidate the caller's (or the target's) arrays
     params = jax.tree.map(lambda a: jnp.array(a, jnp.float32, copy=True), dataclasses.replace(w, d2t=None))
     state = TrainState(params, make_optimizer(oc).init(params), jnp.zeros((), jnp.int32),
@@ -206,7 +243,7 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     history: list[dict] = []
     run = {"method": hcfg.method, "steps": steps, "batch_size": batch_size, "seq_len": dataset.seq_len,
            "num_rows": len(dataset), "seed": seed, "lr": lr, "ttt_steps": lc.ttt_steps,
-           "compute_dtype": compute_dtype}
+           "compute_dtype": compute_dtype, "init_from": None if warm_from is None else warm_from[2]}
     mngr = _manager(ckpt_dir, keep_checkpoints) if ckpt_dir is not None else None
     schedule_steps = steps
     if resume and mngr is not None:
