@@ -57,8 +57,9 @@ class LLM:
     def __init__(self, model: str, *, tokenizer: str | None = None, dtype: str = "auto", load_format: str = "auto",
                  seed: int = 0, speculative_config: dict | None = None, compilation_cache_dir: str | None = None,
                  **engine_args: Any):
-        """Engine arguments (vLLM's names where vLLM has them): max_model_len, max_num_seqs=64,
-        max_num_batched_tokens=2048, async_scheduling=True, page_size=16, num_pages=0 (size from memory),
+        """Engine arguments (vLLM's names where vLLM has them; `EngineArgs` holds them all): max_model_len,
+        max_num_seqs=64, max_num_batched_tokens=2048, async_scheduling=True, page_size=16 (alias block_size),
+        num_pages=0 (size from memory; alias num_gpu_blocks_override),
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, kernel_config (KernelConfig; default:
@@ -90,7 +91,8 @@ class LLM:
     def _build(self, target_cfg: llama.Config, target_w: llama.Weights | None, *, tokenizer_dir, explicit_tokenizer,
                load_format: str, seed: int, speculative_config, synthetic_acceptance: float | None = None,
                max_model_len: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-               async_scheduling: bool = True, page_size: int = 16, num_pages: int = 0,
+               async_scheduling: bool = True, page_size: int | None = None, num_pages: int | None = None,
+               block_size: int | None = None, num_gpu_blocks_override: int | None = None,
                gpu_memory_utilization: float | None = None, memory_fraction: float = 0.85,
                kv_cache_memory_bytes: int | None = None, attn_impl: str = "auto", layer_loop: str = "auto",
                max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
@@ -100,6 +102,8 @@ class LLM:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         spec = SpeculativeConfig.parse(speculative_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
+        page_size = _either("page_size", page_size, "block_size", block_size, 16)
+        num_pages = _either("num_pages", num_pages, "num_gpu_blocks_override", num_gpu_blocks_override, 0)
         tp, draft_tp = tensor_parallel_size, draft_tensor_parallel_size or tensor_parallel_size
         if draft_tp not in (1, tp):
             raise ValueError(f"draft_tensor_parallel_size must be 1 (head replicated) or tensor_parallel_size={tp}, "
@@ -333,6 +337,13 @@ def _memory_fraction(gpu_memory_utilization: float | None, memory_fraction: floa
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ValueError(f"{name} must be a fraction in (0, 1], got {value!r}")
     return float(value)
+
+
+def _either(name: str, value: Any, vllm_name: str, vllm_value: Any, default: Any) -> Any:
+    """A setting that has a jaxspec name and vLLM's (page_size / block_size): either one, not two that differ."""
+    if value is not None and vllm_value is not None and value != vllm_value:
+        raise ValueError(f"{name}={value!r} and {vllm_name}={vllm_value!r} name the same setting: pass one")
+    return next((v for v in (value, vllm_value) if v is not None), default)
 
 
 def _max_model_len(max_model_len: int | None, cfg: llama.Config) -> int:

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -38,6 +39,9 @@ from jaxspec.engine.sequence import Sequence, Status
 from jaxspec.engine.spec_policy import SpecPolicy
 from jaxspec.outputs import RequestOutput
 from jaxspec.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from jaxspec.engine_args import EngineArgs
 
 
 @dataclass
@@ -119,6 +123,14 @@ class LLMEngine:
         self._unreported: list[Sequence] = []  # finished outside a commit (abort, rollback): output not returned yet
         self._num_steps = 0
         self._dirty = False  # a step() raised before it finished its bookkeeping: roll back before the next
+
+    @classmethod
+    def from_engine_args(cls, engine_args: "EngineArgs") -> "LLMEngine":
+        """vLLM's entry point to the engine: the one an `LLM` with these settings steps."""
+        return engine_args.create_llm().llm_engine
+
+    def get_tokenizer(self) -> Any | None:
+        return self.input_processor.tokenizer
 
     # ---- requests
 

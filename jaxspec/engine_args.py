@@ -1,0 +1,108 @@
+"""vLLM's `EngineArgs`: the engine's settings as one dataclass with vLLM's field and flag names, so that code written
+for vLLM's engine runs with the import changed:
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(parser.parse_args()))
+    llm = LLM(**dataclasses.asdict(EngineArgs(model="smollm2-135m-instruct", max_model_len=1024)))
+
+Only the fields jaxspec implements are here: an unknown keyword is a TypeError naming it, as from any dataclass.
+`jaxspec serve` takes the same flags (it adds the model as a positional argument, as `vllm serve` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jaxspec.presets import DEFAULT_PRESET
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _json_dict(s: str) -> dict:
+    try:
+        value = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {s!r}")
+    return value
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_PRESET  # preset name, jaxspec checkpoint or HF Llama directory
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    load_format: str = "auto"
+    speculative_config: dict | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    gpu_memory_utilization: float = 0.85
+    kv_cache_memory_bytes: int | None = None
+    tensor_parallel_size: int = 1
+    block_size: int = 16  # tokens per KV page
+    num_gpu_blocks_override: int | None = None  # KV pages (None: sized from memory)
+    async_scheduling: bool = True
+    max_logprobs: int = 20
+    # jaxspec's own: which shapes to compile, the layer loop, the persistent compilation cache
+    decode_buckets: list[int] | None = None
+    prefill_buckets: list[int] | None = None
+    layer_loop: str = "auto"
+    compilation_cache_dir: str | None = None
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_flag: bool = True) -> argparse.ArgumentParser:
+        """vLLM's engine flags on `parser` (returned, as vLLM's is). model_flag False leaves the model out, for a
+        command that takes it as a positional argument."""
+        e = parser.add_argument_group("engine")
+        if model_flag:
+            e.add_argument("--model", default=DEFAULT_PRESET,
+                           help=f"preset name, jaxspec checkpoint or HF Llama directory (default {DEFAULT_PRESET})")
+        e.add_argument("--speculative-config", type=_json_dict,
+                       help='JSON: {"method": "eagle", "model": HEAD_DIR, "num_speculative_tokens": 3}')
+        e.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+        e.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+        e.add_argument("--seed", type=int, default=0)
+        e.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+        e.add_argument("--max-model-len", type=int, default=None)
+        e.add_argument("--max-num-seqs", type=int, default=64)
+        e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+        e.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                       help="fraction of device memory for weights and the KV pool")
+        e.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV pool size (overrides the above)")
+        e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+        e.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
+        e.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV pages (default: from memory)")
+        e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                       help="overlap the host's scheduling of step N+1 with the device's step N (default on)")
+        e.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
+        e.add_argument("--decode-buckets", type=_ints, help="decode batch sizes to compile, e.g. 1,16,64 (default: "
+                                                            "powers of two up to --max-num-seqs)")
+        e.add_argument("--prefill-buckets", type=_ints, help="prefill token counts to compile, e.g. 512,2048")
+        e.add_argument("--layer-loop", default="auto", choices=["auto", "unroll", "scan"],
+                       help="auto: unrolled on a GPU (fastest, slow to compile); scan compiles in seconds")
+        e.add_argument("--compilation-cache-dir", help="JAX's persistent compilation cache: a restart with the same "
+                                                       "shapes loads its programs instead of compiling them")
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        """The fields from parsed flags (others in the namespace, e.g. a server's, are ignored)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """`LLM`'s keyword arguments for these settings."""
+        return dataclasses.asdict(self)
+
+    def create_llm(self):
+        from jaxspec.llm import LLM
+
+        return LLM(**self.llm_kwargs())

@@ -1,0 +1,63 @@
+"""vLLM's EngineArgs / LLMEngine.from_engine_args entry, as vLLM's own llm_engine example uses it: flags parsed by
+EngineArgs.add_cli_args, an engine stepped until every request is done, the same outputs as LLM.generate; and
+LLM(**asdict(EngineArgs(...))) with vLLM's names for jaxspec's settings."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from jaxspec import LLM, EngineArgs, LLMEngine, RequestOutput, SamplingParams
+from jaxspec.convert.checkpoint import save_checkpoint
+from tests.tiny import TINY, tiny_weights, write_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine-args")
+    return save_checkpoint(root / "tiny", TINY, tiny_weights(3)), write_char_tokenizer(root / "tok")
+
+
+def process_requests(engine: LLMEngine, test_prompts: list[tuple[str, SamplingParams]]) -> dict[str, str]:
+    """vLLM's examples/offline_inference/llm_engine_example.py loop: one new request per step."""
+    request_id, done = 0, {}
+    while test_prompts or engine.has_unfinished_requests():
+        if test_prompts:
+            prompt, sampling_params = test_prompts.pop(0)
+            engine.add_request(str(request_id), prompt, sampling_params)
+            request_id += 1
+        request_outputs: list[RequestOutput] = engine.step()
+        for request_output in request_outputs:
+            if request_output.finished:
+                done[request_output.request_id] = request_output.outputs[0].text
+    return done
+
+
+def test_llm_engine_example_runs_and_matches_generate(model_dir):
+    ckpt, tok = model_dir
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", str(ckpt), "--tokenizer", str(tok), "--max-model-len", "64",
+                              "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--block-size", "8"])
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    assert isinstance(engine, LLMEngine) and engine.cfg.page_size == 8 and engine.get_tokenizer() is not None
+    prompts = ["abc", "hello", "xyz", "jax", "spec", "engine"]
+    params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, seed=5, max_tokens=9)]
+    got = process_requests(engine, [(p, params[i % 2]) for i, p in enumerate(prompts)])
+    llm = LLM(str(ckpt), tokenizer=str(tok), max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
+              page_size=8)
+    want = llm.generate(prompts, [params[i % 2] for i in range(len(prompts))], use_tqdm=False)
+    assert got == {str(i): o.outputs[0].text for i, o in enumerate(want)}
+
+
+def test_llm_takes_engine_args_fields_under_vllm_names(model_dir):
+    ckpt, tok = model_dir
+    args = EngineArgs(model=str(ckpt), tokenizer=str(tok), max_model_len=64, max_num_seqs=2, block_size=8,
+                      num_gpu_blocks_override=40)
+    llm = LLM(**dataclasses.asdict(args))
+    assert (llm.engine_config.page_size, llm.engine_config.num_pages, llm.engine_config.max_num_seqs) == (8, 40, 2)
+    with pytest.raises(ValueError, match=r"page_size=16 and block_size=8 name the same setting"):
+        LLM(str(ckpt), tokenizer=str(tok), max_model_len=64, page_size=16, block_size=8)
+    with pytest.raises(TypeError, match="enforce_eager"):
+        EngineArgs(model=str(ckpt), enforce_eager=True)
