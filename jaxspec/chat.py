@@ -6,9 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 
-def render_chat(tokenizer: Any, messages: list[dict]) -> str:
-    """The conversation as the model sees it, ending with the assistant's turn to speak."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True,
+                continue_final_message: bool = False, chat_template: str | None = None, tools: list[dict] | None = None,
+                chat_template_kwargs: dict | None = None) -> str:
+    """The conversation as the model sees it: by default ending with the assistant's turn to speak; with
+    continue_final_message, ending inside its last message, which the model then continues (vLLM's options and
+    defaults). chat_template replaces the tokenizer's; chat_template_kwargs are more variables for it."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be set: the first continues "
+                         "the last message, the second starts a new assistant message")
+    extra = dict(chat_template_kwargs or {})
+    clash = sorted(set(extra) & {"add_generation_prompt", "continue_final_message", "chat_template", "tools",
+                                 "tokenize", "conversation", "messages"})
+    if clash:
+        raise ValueError(f"chat_template_kwargs may not set {clash}: they are arguments of their own")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message, chat_template=chat_template,
+                                         tools=tools, **extra)
 
 
 def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:

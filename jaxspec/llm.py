@@ -252,12 +252,18 @@ class LLM:
                         yield out
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
-             async_scheduling: bool | None = None) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"}) or a list of them, through the model's chat template."""
+             async_scheduling: bool | None = None, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"}) or a list of them, through the model's chat template
+        (or `chat_template`); the template options are vLLM's (jaxspec.chat.render_chat)."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template; this model has none")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        texts = [render_chat(self.tokenizer, conv) for conv in conversations]
+        options = dict(chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                       continue_final_message=continue_final_message, tools=tools,
+                       chat_template_kwargs=chat_template_kwargs)
+        texts = [render_chat(self.tokenizer, conv, **options) for conv in conversations]
         prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)} for t in texts]
         outs = self.generate(prompts, sampling_params, use_tqdm, async_scheduling)
         for out, text in zip(outs, texts):

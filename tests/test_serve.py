@@ -35,6 +35,10 @@ CHATS = [[{"role": "user", "content": "hi"}], [{"role": "system", "content": "be
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}Z" \
            "{% endif %}"
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# vLLM's chat template options: a conversation whose last (assistant) message the model continues, or that ends
+# without the generation prompt
+CONTINUED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ab"}]
+CHAT_OPTIONS = [{}, {"continue_final_message": True}]
 
 
 def make_model_dir(path):
@@ -72,10 +76,13 @@ def served(tmp_path_factory):
                    prefill_buckets=[64])
     reference = {p: o.outputs[0].text for p, o in zip(PROMPTS, llm.generate(PROMPTS, GREEDY, use_tqdm=False))}
     chat_reference = [o.outputs[0].text for o in llm.chat(CHATS, GREEDY, use_tqdm=False)]
+    options_reference = [llm.chat(CONTINUED, GREEDY, use_tqdm=False, add_generation_prompt=False, **kw)[0]
+                         for kw in CHAT_OPTIONS]
     ids_reference = llm.generate([[3, 1, 4, 1, 5]], GREEDY, use_tqdm=False)[0].outputs[0].text
     app = build_app(llm, served_model_name=[MODEL, "alias"], api_key=API_KEY, model_path=str(path))
     with running(app) as url:
         yield SimpleNamespace(url=url, llm=llm, path=path, reference=reference, chat_reference=chat_reference,
+                              options_reference=options_reference,
                               ids_reference=ids_reference, client=openai.OpenAI(base_url=url + "/v1", api_key=API_KEY))
 
 
@@ -158,6 +165,28 @@ def test_chat_equals_llm_chat(served, stream):
             rendered = "".join(m["role"][0] + m["content"] for m in messages) + "Z"
             assert out.usage.prompt_tokens == len(rendered) and out.usage.completion_tokens == MAX_TOKENS
         assert text == want
+
+
+def test_chat_template_options_reach_the_template(served):
+    """add_generation_prompt, continue_final_message, chat_template and chat_template_kwargs (vLLM's LLM.chat
+    options) shape the prompt; the server's request fields give what LLM.chat gives."""
+    for kw, ref in zip(CHAT_OPTIONS, served.options_reference):
+        assert ref.prompt == "uhiaab"  # no "Z": the reply continues the assistant's "ab" (TEMPLATE has no turn end)
+        out = served.client.chat.completions.create(
+            model=MODEL, messages=CONTINUED, max_completion_tokens=MAX_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True, "add_generation_prompt": False, **kw})
+        assert out.choices[0].message.content == ref.outputs[0].text and out.usage.prompt_tokens == len("uhiaab")
+    tok = served.llm.get_tokenizer()
+    custom = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    want = tok.apply_chat_template(CONTINUED, tokenize=False, chat_template=custom, greeting="yo")
+    assert want == "yohiab"
+    from jaxspec.chat import render_chat
+
+    assert render_chat(tok, CONTINUED, chat_template=custom, chat_template_kwargs={"greeting": "yo"}) == want
+    with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt"):
+        served.llm.chat(CONTINUED, GREEDY, continue_final_message=True)
+    with pytest.raises(ValueError, match=r"chat_template_kwargs may not set \['tools'\]"):
+        served.llm.chat(CONTINUED, GREEDY, chat_template_kwargs={"tools": []})
 
 
 def test_token_ids_and_batched_prompts(served):
@@ -265,6 +294,12 @@ BAD_REQUESTS = [  # (path, body, status, param)
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
                               "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "continue_final_message": True}, 400, "continue_final_message"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "chat_template_kwargs": {"add_generation_prompt": False}}, 400, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "chat_template": "{{ messages }}"}, 400, "chat_template"),
     ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "a"}]}, 404, "model"),
 ]
 

@@ -139,19 +139,19 @@ class ChatCompletionRequest(SamplingRequest):
     echo: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    # a template sent with the request: vLLM refuses it unless the server trusts request templates; so does this one
+    chat_template: str | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
         "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls", "echo",
-        "continue_final_message")
+        "chat_template")
 
     def sampling_values(self) -> dict[str, Any]:
         values = super().sampling_values()
         if self.logprobs:  # vLLM: top_logprobs alternatives per token (0: only the sampled token's own)
             values["logprobs"] = self.top_logprobs or 0
         return values
-
-    def unsupported_fields(self) -> list[str]:
-        return super().unsupported_fields() + ([] if self.add_generation_prompt else ["add_generation_prompt"])
 
     def conversation(self) -> list[dict]:
         """The messages as the chat template takes them; text parts are joined, other parts are refused."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any
 
+from jinja2 import TemplateError
+
 from jaxspec.chat import render_chat
 from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 from jaxspec.serve import protocol as api
@@ -94,7 +96,15 @@ def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any)
         conversation = req.conversation()
     except ValueError as e:
         raise APIError(str(e), param="messages") from None
-    ids = tokenizer.encode(render_chat(tokenizer, conversation), add_special_tokens=False)
+    try:
+        text = render_chat(tokenizer, conversation, add_generation_prompt=req.add_generation_prompt,
+                           continue_final_message=req.continue_final_message,
+                           chat_template_kwargs=req.chat_template_kwargs)
+    except (ValueError, TemplateError) as e:  # contradicting options, or a template that refuses the conversation
+        param = next((name for name in ("chat_template_kwargs", "continue_final_message") if name in str(e)),
+                     "messages")
+        raise APIError(f"the chat template: {e}", param=param) from None
+    ids = tokenizer.encode(text, add_special_tokens=False)
     return _inputs(request_id, [ids], params)
 
 
