@@ -5,8 +5,10 @@ for vLLM's engine runs with the import changed:
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(parser.parse_args()))
     llm = LLM(**dataclasses.asdict(EngineArgs(model="smollm2-135m-instruct", max_model_len=1024)))
 
-Only the fields jaxspec implements are here: an unknown keyword is a TypeError naming it, as from any dataclass.
-`jaxspec serve` takes the same flags (it adds the model as a positional argument, as `vllm serve` does).
+The fields are the settings jaxspec implements plus the vLLM options scripts pass routinely (trust_remote_code,
+enforce_eager, enable_prefix_caching, ...; `vllm_options` says what each does here); any other keyword is a
+TypeError naming it, as from any dataclass. `jaxspec serve` takes the same flags (the model as a positional
+argument, as `vllm serve` does).
 """
 
 from __future__ import annotations
@@ -52,6 +54,16 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None  # KV pages (None: sized from memory)
     async_scheduling: bool = True
     max_logprobs: int = 20
+    # vLLM options with nothing (or one thing) to do here; `vllm_options` says what each does
+    trust_remote_code: bool = False
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    disable_log_stats: bool = True
+    swap_space: float = 4
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    download_dir: str | None = None
     # jaxspec's own: which shapes to compile, the layer loop, the persistent compilation cache
     decode_buckets: list[int] | None = None
     prefill_buckets: list[int] | None = None
@@ -84,6 +96,17 @@ class EngineArgs:
         e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="overlap the host's scheduling of step N+1 with the device's step N (default on)")
         e.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
+        e.add_argument("--trust-remote-code", action="store_true", help="accepted; jaxspec never runs model code")
+        e.add_argument("--enforce-eager", action="store_true",
+                       help="start fast: scanned layers, programs compiled on first use")
+        e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                       help="accepted; there is no prefix cache yet (a warning)")
+        e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                       help="accepted; long prompts are always prefilled in chunks")
+        e.add_argument("--swap-space", type=float, default=4, help="accepted; preempted requests are recomputed")
+        e.add_argument("--quantization", "-q", default=None, help="only none: weights run in --dtype")
+        e.add_argument("--kv-cache-dtype", default="auto", help="only auto: the KV cache has the model's dtype")
+        e.add_argument("--download-dir", help="where presets are fetched and converted (default: the weights dir)")
         e.add_argument("--decode-buckets", type=_ints, help="decode batch sizes to compile, e.g. 1,16,64 (default: "
                                                             "powers of two up to --max-num-seqs)")
         e.add_argument("--prefill-buckets", type=_ints, help="prefill token counts to compile, e.g. 512,2048")
@@ -106,3 +129,35 @@ class EngineArgs:
         from jaxspec.llm import LLM
 
         return LLM(**self.llm_kwargs())
+
+
+def vllm_options(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """`LLM`'s keyword arguments with vLLM's options that jaxspec has no setting for taken out, each checked:
+    trust_remote_code (no effect: jaxspec reads weights, never code), enforce_eager (True: scanned layers and
+    programs compiled on first use, unless layer_loop or warmup say otherwise: vLLM's trade of speed for start-up
+    time), enable_prefix_caching (True: a warning, as there is no prefix cache yet; outputs are the same),
+    enable_chunked_prefill, disable_log_stats, swap_space (no effect: prefill is always chunked, no stats are
+    logged, preempted requests are recomputed), quantization (None only), kv_cache_dtype ("auto" only). A value
+    that cannot be honoured is a ValueError naming it, before anything loads."""
+    import logging
+
+    out = dict(engine_args)
+    for name in ("trust_remote_code", "enable_chunked_prefill", "disable_log_stats", "swap_space"):
+        out.pop(name, None)
+    if out.pop("enforce_eager", False):
+        if out.get("layer_loop", "auto") == "auto":
+            out["layer_loop"] = "scan"
+        if out.get("warmup", "auto") == "auto":
+            out["warmup"] = False
+    if out.pop("enable_prefix_caching", None):
+        logging.getLogger("jaxspec").warning("enable_prefix_caching=True: jaxspec has no prefix cache yet; every "
+                                             "prompt is prefilled in full (outputs are the same)")
+    quantization = out.pop("quantization", None)
+    if quantization is not None:
+        raise ValueError(f"quantization={quantization!r} is not supported: jaxspec runs the weights in `dtype` "
+                         "(GGUF files are dequantized when converted)")
+    kv_cache_dtype = out.pop("kv_cache_dtype", "auto")
+    if kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the KV cache has the model's dtype "
+                         "('auto')")
+    return out

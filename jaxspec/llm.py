@@ -24,6 +24,7 @@ from jaxspec.engine.model_runner import BASIC_KINDS, ModelRunner
 from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.spec_policy import DynamicPolicy, make_policy
+from jaxspec.engine_args import vllm_options
 from jaxspec.models import attention, eagle, llama
 from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
@@ -63,10 +64,14 @@ class LLM:
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, kernel_config (KernelConfig; default:
-        its defaults with JAXSPEC_* environment overrides). compilation_cache_dir: jax's persistent compilation
+        its defaults with JAXSPEC_* environment overrides); vLLM's options without a jaxspec setting are taken as
+        `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is fetched. compilation_cache_dir:
+        jax's persistent compilation
         cache (None: ~/.cache/jaxspec/xla; "": off; see jaxspec/compile_cache.py)."""
+        engine_args = vllm_options(engine_args)
         compile_cache.configure(compilation_cache_dir)
-        path, target_cfg, target_w = loader.load_target(model, load_format, dtype)
+        path, target_cfg, target_w = loader.load_target(model, load_format, dtype,
+                                                        weights_dir=engine_args.pop("download_dir", None))
         self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
                     load_format=load_format, seed=seed, speculative_config=speculative_config, **engine_args)
 
@@ -81,6 +86,8 @@ class LLM:
         that probability instead of by the target."""
         if synthetic_acceptance is not None and (speculative_config is None or load_format != "dummy"):
             raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
+        engine_args = vllm_options(engine_args)
+        engine_args.pop("download_dir", None)  # nothing is fetched
         compile_cache.configure(compilation_cache_dir)
         llm = cls.__new__(cls)
         llm._build(config, weights, tokenizer_dir=tokenizer, explicit_tokenizer=tokenizer is not None,

@@ -34,9 +34,10 @@ def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-def load_target(model: str, load_format: str, dtype: str) -> tuple[Path, llama.Config, llama.Weights | None]:
+def load_target(model: str, load_format: str, dtype: str,
+                weights_dir: str | None = None) -> tuple[Path, llama.Config, llama.Weights | None]:
     """(path, config, weights) of the target; weights None for load_format="dummy" (random ones are drawn once
-    the config is final)."""
+    the config is final). weights_dir: where a preset is fetched (default: the weights store)."""
     check_choice("load_format", load_format, LOAD_FORMATS)
     check_choice("dtype", dtype, DTYPES)
     if load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
@@ -44,7 +45,7 @@ def load_target(model: str, load_format: str, dtype: str) -> tuple[Path, llama.C
     from jaxspec.convert.checkpoint import load_model
     from jaxspec.resolve import resolve_model
 
-    path = resolve_model(model).weights
+    path = resolve_model(model, weights_dir).weights
     return path, *load_model(path, default_dtype() if dtype == "auto" else dtype)
 
 

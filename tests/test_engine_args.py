@@ -59,5 +59,29 @@ def test_llm_takes_engine_args_fields_under_vllm_names(model_dir):
     assert (llm.engine_config.page_size, llm.engine_config.num_pages, llm.engine_config.max_num_seqs) == (8, 40, 2)
     with pytest.raises(ValueError, match=r"page_size=16 and block_size=8 name the same setting"):
         LLM(str(ckpt), tokenizer=str(tok), max_model_len=64, page_size=16, block_size=8)
-    with pytest.raises(TypeError, match="enforce_eager"):
-        EngineArgs(model=str(ckpt), enforce_eager=True)
+    with pytest.raises(TypeError, match="lora_modules"):  # a vLLM option jaxspec has nothing of
+        EngineArgs(model=str(ckpt), lora_modules=["x"])
+
+
+def test_vllm_options_without_a_jaxspec_setting(model_dir, caplog):
+    """Options vLLM scripts pass routinely are taken (what each does: jaxspec.engine_args.vllm_options); values
+    that cannot be honoured are errors naming them, before the model loads."""
+    ckpt, tok = model_dir
+    base = dict(tokenizer=str(tok), max_model_len=64, max_num_seqs=2)
+    llm = LLM(str(ckpt), trust_remote_code=True, enforce_eager=True, enable_chunked_prefill=True, swap_space=0,
+              disable_log_stats=False, enable_prefix_caching=True, **base)
+    assert llm.model_config.layer_loop == "scan" and llm.num_compiled == 0
+    assert "no prefix cache" in caplog.text
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    plain = LLM(str(ckpt), **base)
+    assert [o.outputs[0].text for o in llm.generate(["abc", "hello"], greedy, use_tqdm=False)] == \
+        [o.outputs[0].text for o in plain.generate(["abc", "hello"], greedy, use_tqdm=False)]
+    assert LLM(str(ckpt), enforce_eager=True, layer_loop="unroll", **base).model_config.layer_loop == "unroll"
+    for bad, match in [({"quantization": "awq"}, "quantization='awq' is not supported"),
+                       ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8' is not supported")]:
+        with pytest.raises(ValueError, match=match):
+            LLM("no/such/model", **bad, **base)  # raised before the model is looked for
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--enforce-eager", "--trust-remote-code", "--model", "m"]))
+    assert args.enforce_eager and args.trust_remote_code and args.enable_prefix_caching is None
+
