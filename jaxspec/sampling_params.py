@@ -98,6 +98,8 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (clamped to [-100, 100])
     allowed_token_ids: list[int] | None = None  # only these tokens can be generated
+    # only the last k prompt tokens are kept (left truncation); -1: the last max_model_len; None: the whole prompt
+    truncate_prompt_tokens: int | None = None
     # vLLM V1 dropped best_of (beam-style ranking of extra samples): None or n is accepted, anything else rejected
     best_of: int | None = None
 
@@ -162,6 +164,10 @@ class SamplingParams:
                                  f"{self.logit_bias!r}")
             self.logit_bias = {_token_id("logit_bias", t): min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, _real(
                 f"logit_bias[{t!r}]", b))) for t, b in self.logit_bias.items()}
+        if self.truncate_prompt_tokens is not None:
+            self.truncate_prompt_tokens = _int("truncate_prompt_tokens", self.truncate_prompt_tokens, -1, INT32_MAX)
+            if self.truncate_prompt_tokens == 0:
+                raise ValueError("SamplingParams.truncate_prompt_tokens must be >= 1 or -1 (None: no truncation)")
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _int_list("allowed_token_ids", self.allowed_token_ids, 0, INT32_MAX)
             if not self.allowed_token_ids:

@@ -16,8 +16,8 @@ def test_defaults_are_vllms():
     p = SamplingParams()
     assert (p.n, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p, p.min_tokens) == \
         (1, 0.0, 0.0, 1.0, 0.0, 0)
-    assert (p.logprobs, p.prompt_logprobs, p.logit_bias, p.allowed_token_ids, p.bad_words) == \
-        (None, None, None, None, [])
+    assert (p.logprobs, p.prompt_logprobs, p.logit_bias, p.allowed_token_ids, p.bad_words,
+            p.truncate_prompt_tokens) == (None, None, None, None, [], None)
     assert (p.detokenize, p.skip_special_tokens, p.spaces_between_special_tokens, p.include_stop_str_in_output) == \
         (True, True, True, False)
     assert not p.needs_extended_step
@@ -42,6 +42,8 @@ def test_normalization():
     (dict(bad_words="abc"), "bad_words"), (dict(stop="x", detokenize=False), "detokenize"),
     (dict(skip_special_tokens="yes"), "skip_special_tokens"), (dict(include_stop_str_in_output=1),
                                                                "include_stop_str_in_output"),
+    (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens"), (dict(truncate_prompt_tokens=-2),
+                                                                 "truncate_prompt_tokens"),
 ])
 def test_bad_values_raise_on_construction(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -88,3 +90,18 @@ def test_bad_words_need_a_tokenizer_and_max_logprobs_is_checked():
         llm.generate([[1, 2]], SamplingParams(logprobs=3), use_tqdm=False)
     with pytest.raises(ValueError, match="max_logprobs"):
         make_llm(tiny_weights(), max_logprobs=-1)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
+    """vLLM's left truncation: the request runs on its prompt's last k tokens (-1: the last max_model_len)."""
+    greedy = dict(temperature=0, max_tokens=6)
+    prompt = [5, 9, 2, 7, 3, 8, 1]
+    cut, tail, whole = llm.generate([prompt, prompt[-3:], prompt],
+                                    [SamplingParams(truncate_prompt_tokens=3, **greedy), SamplingParams(**greedy),
+                                     SamplingParams(truncate_prompt_tokens=-1, **greedy)], use_tqdm=False)
+    assert cut.prompt_token_ids == prompt[-3:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    assert whole.prompt_token_ids == prompt
+    long = [1 + t % 120 for t in range(256)]  # 256 tokens against max_model_len 128
+    out = llm.generate([long], SamplingParams(truncate_prompt_tokens=100, **greedy), use_tqdm=False)[0]
+    assert out.prompt_token_ids == long[-100:] and len(out.outputs[0].token_ids) == 6
+

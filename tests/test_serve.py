@@ -193,6 +193,9 @@ def test_token_ids_and_batched_prompts(served):
     out = served.client.completions.create(model=MODEL, prompt=[3, 1, 4, 1, 5], max_tokens=MAX_TOKENS,
                                            temperature=0, extra_body={"ignore_eos": True})
     assert out.choices[0].text == served.ids_reference and out.usage.prompt_tokens == 5
+    out = served.client.completions.create(model=MODEL, prompt=[9, 9, 3, 1, 4, 1, 5], max_tokens=MAX_TOKENS,
+                                           temperature=0, extra_body={"ignore_eos": True, "truncate_prompt_tokens": 5})
+    assert out.choices[0].text == served.ids_reference and out.usage.prompt_tokens == 5
     batch = PROMPTS[:3]
     out = served.client.completions.create(model=MODEL, prompt=batch, max_tokens=MAX_TOKENS, temperature=0,
                                            extra_body={"ignore_eos": True})

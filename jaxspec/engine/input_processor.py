@@ -44,6 +44,9 @@ class InputProcessor:
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         text, ids = self._tokenize(prompt)
         params.validate()
+        if params.truncate_prompt_tokens is not None:  # vLLM's left truncation, before every length check
+            keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            ids = ids[-keep:]
         self._check(ids, params)
         slot_spec = self._slot_spec(params) if params.needs_extended_step else None
         seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self._num_made) % 2**32

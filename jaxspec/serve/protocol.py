@@ -62,6 +62,7 @@ class SamplingRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
     use_beam_search: bool = False
 
     # request fields that are SamplingParams fields of the same name
@@ -69,7 +70,7 @@ class SamplingRequest(OpenAIBaseModel):
         "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
         "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias",
         "allowed_token_ids", "bad_words", "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens",
-        "spaces_between_special_tokens")
+        "spaces_between_special_tokens", "truncate_prompt_tokens")
     # features of the API that this server does not implement: any value but the default is refused
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("use_beam_search",)
 

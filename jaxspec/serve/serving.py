@@ -72,8 +72,11 @@ class EngineInputs:
 
 def _inputs(request_id: str, prompt_ids: list[list[int]], params: SamplingParams) -> EngineInputs:
     ids = [request_id] if len(prompt_ids) == 1 else [f"{request_id}-{i}" for i in range(len(prompt_ids))]
+    # the engine keeps the last truncate_prompt_tokens tokens (-1: the last max_model_len, which changes only a
+    # prompt too long to be served at all)
+    keep = params.truncate_prompt_tokens if (params.truncate_prompt_tokens or 0) > 0 else None
     return EngineInputs([(rid, {"prompt_token_ids": p}, params) for rid, p in zip(ids, prompt_ids)],
-                        [len(p) for p in prompt_ids])
+                        [len(p) if keep is None else min(len(p), keep) for p in prompt_ids])
 
 
 def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any) -> EngineInputs:
