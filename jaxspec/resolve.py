@@ -1,14 +1,17 @@
 """One answer, for every entry point, to "where is this model?": `LLM`, `load_model`, `jaxspec generate`,
-`train-eagle` and the benchmarks all accept the same four things:
+`train-eagle` and the benchmarks all accept the same five things:
     a preset name                  "smollm2-135m-instruct" (fetched and converted on first use)
     a preset's weights directory   weights/smollm2-135m-instruct/ (holding ckpt/ and hf/)
     a jaxspec checkpoint           .../ckpt/ (jaxspec_config.json); its tokenizer is found in a sibling hf/
     a Hugging Face directory       config.json + safetensors or pytorch_model.bin (+ the tokenizer)
+    a Hugging Face Hub repo id     "HuggingFaceTB/SmolLM2-135M-Instruct", as vLLM takes it: its config, tokenizer
+                                   and weights (safetensors when it has them) are downloaded into the Hub's cache
 and get where the weights, the HF config, the tokenizer and (for a preset) the default EAGLE head are.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,14 +59,38 @@ def resolve_model(model: str | Path, weights_dir: str | Path | None = None) -> M
     is not yet. ValueError names the model when it is neither."""
     path = Path(model).expanduser()
     preset = None
-    if not path.exists():
-        if str(model) not in presets.list_presets():
-            raise ValueError(f"{model}: no such preset, and no such directory (presets: {presets.list_presets()})")
+    if not path.exists() and str(model) in presets.list_presets():
         preset = str(model)
         path = presets.fetch_preset(preset, weights_dir)
+    elif not path.exists() and HUB_ID.fullmatch(str(model)):
+        path = hub_snapshot(str(model), weights_dir)
+    elif not path.exists():
+        raise ValueError(f"{model}: no such preset, directory or Hugging Face Hub repo id (owner/name) "
+                         f"(presets: {presets.list_presets()})")
     weights = weights_of(path)
     return ModelFiles(weights=weights, hf_dir=find_beside(weights, "config.json"),
                       tokenizer=find_beside(weights, *TOKENIZER_FILES), preset=preset or presets.preset_of(weights))
+
+
+# owner/name, as the Hub spells repo ids (no further slashes: a longer relative path that does not exist is not one)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# what a Llama checkpoint needs from a repo; weights as safetensors, or pytorch_model*.bin (read without pickle)
+# only when the repo has no safetensors
+HUB_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.txt"]
+
+
+def hub_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
+    """The local directory of a Hub repo's files (huggingface_hub's cache, or `cache_dir`; HF_TOKEN and
+    HF_HUB_OFFLINE apply), downloaded if they are not there. ValueError names the repo when that fails."""
+    from huggingface_hub import list_repo_files, snapshot_download
+
+    try:
+        files = list_repo_files(repo_id)
+        weights = ["*.safetensors"] if any(f.endswith(".safetensors") for f in files) else ["pytorch_model*.bin"]
+        return Path(snapshot_download(repo_id, cache_dir=cache_dir, allow_patterns=HUB_FILES + weights))
+    except Exception as e:  # no network, no such repo, gated without a token, ...: one error that names the repo
+        raise ValueError(f"{repo_id}: not a preset or a directory, and downloading it from the Hugging Face Hub "
+                         f"failed: {type(e).__name__}: {e}") from None
 
 
 def resolve_head(model: str | Path) -> Path:

@@ -52,7 +52,7 @@ def test_a_copied_model_is_not_a_preset(fake_preset, tmp_path):
 
 
 def test_errors_name_the_model(tmp_path):
-    with pytest.raises(ValueError, match=r"no-such-model: no such preset, and no such directory"):
+    with pytest.raises(ValueError, match=r"no-such-model: no such preset, directory or Hugging Face Hub repo id"):
         resolve_model("no-such-model")
     with pytest.raises(ValueError, match=rf"{tmp_path}: neither a jaxspec checkpoint .* nor a preset's weights"):
         load_model(tmp_path)
@@ -72,3 +72,37 @@ def test_acceptance_script_takes_a_preset_weights_directory(fake_preset, tmp_pat
                    "--max-num-batched-tokens", "64"])
     (row,) = result["results"]
     assert row["num_prompts"] == 2 and row["output_tokens"] > 0 and row["mean_acceptance_length"] >= 1
+
+
+def test_hub_repo_ids_are_downloaded_into_the_hub_cache(fake_preset, tmp_path, monkeypatch):
+    """An owner/name that is neither a preset nor a directory is fetched from the Hugging Face Hub, as vLLM does:
+    config, tokenizer and safetensors (pytorch_model*.bin only where a repo has no safetensors); a download that
+    fails is a ValueError naming the repo. huggingface_hub is stubbed: no network here."""
+    import huggingface_hub
+
+    snapshot = shutil.copytree(fake_preset / PRESET / "hf", tmp_path / "snapshot")  # as a Hub snapshot would be
+    repos = {"org/tiny": ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json"],
+             "org/bin-only": ["config.json", "pytorch_model.bin"]}
+    calls = []
+
+    def snapshot_download(repo_id, cache_dir=None, allow_patterns=None):
+        calls.append((repo_id, cache_dir, allow_patterns))
+        return str(snapshot)
+
+    def list_repo_files(repo_id):
+        if repo_id not in repos:
+            raise huggingface_hub.errors.LocalEntryNotFoundError(f"offline, and {repo_id} is not in the cache")
+        return repos[repo_id]
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", list_repo_files)
+    files = resolve_model("org/tiny", tmp_path / "cache")
+    assert files.weights == snapshot and files.tokenizer == snapshot and files.preset is None
+    assert calls[-1][:2] == ("org/tiny", tmp_path / "cache") and "*.safetensors" in calls[-1][2]
+    assert not any(p.endswith(".bin") for p in calls[-1][2])
+    resolve_model("org/bin-only")
+    assert "pytorch_model*.bin" in calls[-1][2] and "*.safetensors" not in calls[-1][2]
+    with pytest.raises(ValueError, match=r"org/missing: not a preset or a directory, and downloading it from the "
+                                         r"Hugging Face Hub failed: LocalEntryNotFoundError"):
+        resolve_model("org/missing")
+
