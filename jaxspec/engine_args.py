@@ -64,6 +64,9 @@ class EngineArgs:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     download_dir: str | None = None
+    revision: str | None = None  # of a Hub repo
+    tokenizer_mode: str = "auto"
+    enable_lora: bool = False
     # jaxspec's own: which shapes to compile, the layer loop, the persistent compilation cache
     decode_buckets: list[int] | None = None
     prefill_buckets: list[int] | None = None
@@ -81,7 +84,7 @@ class EngineArgs:
         e.add_argument("--speculative-config", type=_json_dict,
                        help='JSON: {"method": "eagle", "model": HEAD_DIR, "num_speculative_tokens": 3}')
         e.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
-        e.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+        e.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "half", "float32", "float"])
         e.add_argument("--seed", type=int, default=0)
         e.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
         e.add_argument("--max-model-len", type=int, default=None)
@@ -106,7 +109,10 @@ class EngineArgs:
         e.add_argument("--swap-space", type=float, default=4, help="accepted; preempted requests are recomputed")
         e.add_argument("--quantization", "-q", default=None, help="only none: weights run in --dtype")
         e.add_argument("--kv-cache-dtype", default="auto", help="only auto: the KV cache has the model's dtype")
-        e.add_argument("--download-dir", help="where presets are fetched and converted (default: the weights dir)")
+        e.add_argument("--download-dir", help="where presets and Hub repos are fetched (default: the weights dir, "
+                                              "the Hub cache)")
+        e.add_argument("--revision", help="branch, tag or commit of a Hugging Face Hub repo")
+        e.add_argument("--tokenizer-mode", default="auto", help="only auto: the model's fast tokenizer")
         e.add_argument("--decode-buckets", type=_ints, help="decode batch sizes to compile, e.g. 1,16,64 (default: "
                                                             "powers of two up to --max-num-seqs)")
         e.add_argument("--prefill-buckets", type=_ints, help="prefill token counts to compile, e.g. 512,2048")
@@ -137,7 +143,8 @@ def vllm_options(engine_args: dict[str, Any]) -> dict[str, Any]:
     programs compiled on first use, unless layer_loop or warmup say otherwise: vLLM's trade of speed for start-up
     time), enable_prefix_caching (True: a warning, as there is no prefix cache yet; outputs are the same),
     enable_chunked_prefill, disable_log_stats, swap_space (no effect: prefill is always chunked, no stats are
-    logged, preempted requests are recomputed), quantization (None only), kv_cache_dtype ("auto" only). A value
+    logged, preempted requests are recomputed), quantization (None only), kv_cache_dtype and tokenizer_mode
+    ("auto" only), enable_lora (False only). A value
     that cannot be honoured is a ValueError naming it, before anything loads."""
     import logging
 
@@ -156,6 +163,12 @@ def vllm_options(engine_args: dict[str, Any]) -> dict[str, Any]:
     if quantization is not None:
         raise ValueError(f"quantization={quantization!r} is not supported: jaxspec runs the weights in `dtype` "
                          "(GGUF files are dequantized when converted)")
+    if out.pop("enable_lora", False):
+        raise ValueError("enable_lora=True is not supported: jaxspec has no LoRA adapters")
+    tokenizer_mode = out.pop("tokenizer_mode", "auto")
+    if tokenizer_mode != "auto":
+        raise ValueError(f"tokenizer_mode={tokenizer_mode!r} is not supported: jaxspec uses the model's fast tokenizer "
+                         "('auto')")
     kv_cache_dtype = out.pop("kv_cache_dtype", "auto")
     if kv_cache_dtype != "auto":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the KV cache has the model's dtype "

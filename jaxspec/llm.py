@@ -71,7 +71,8 @@ class LLM:
         engine_args = vllm_options(engine_args)
         compile_cache.configure(compilation_cache_dir)
         path, target_cfg, target_w = loader.load_target(model, load_format, dtype,
-                                                        weights_dir=engine_args.pop("download_dir", None))
+                                                        weights_dir=engine_args.pop("download_dir", None),
+                                                        revision=engine_args.pop("revision", None))
         self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
                     load_format=load_format, seed=seed, speculative_config=speculative_config, **engine_args)
 
@@ -88,6 +89,7 @@ class LLM:
             raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
         engine_args = vllm_options(engine_args)
         engine_args.pop("download_dir", None)  # nothing is fetched
+        engine_args.pop("revision", None)
         compile_cache.configure(compilation_cache_dir)
         llm = cls.__new__(cls)
         llm._build(config, weights, tokenizer_dir=tokenizer, explicit_tokenizer=tokenizer is not None,

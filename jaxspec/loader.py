@@ -14,6 +14,7 @@ from jaxspec.models import eagle, llama
 
 LOAD_FORMATS = ("auto", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 
 
 def default_dtype() -> str | None:
@@ -34,18 +35,19 @@ def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-def load_target(model: str, load_format: str, dtype: str,
-                weights_dir: str | None = None) -> tuple[Path, llama.Config, llama.Weights | None]:
+def load_target(model: str, load_format: str, dtype: str, weights_dir: str | None = None,
+                revision: str | None = None) -> tuple[Path, llama.Config, llama.Weights | None]:
     """(path, config, weights) of the target; weights None for load_format="dummy" (random ones are drawn once
-    the config is final). weights_dir: where a preset is fetched (default: the weights store)."""
+    the config is final). weights_dir: where a preset or a Hub repo is fetched; revision: the Hub repo's."""
     check_choice("load_format", load_format, LOAD_FORMATS)
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     check_choice("dtype", dtype, DTYPES)
     if load_format == "dummy":  # random weights of a real shape: speed measurements without the weights
         return Path(model), dummy_config(Path(model), dtype), None
     from jaxspec.convert.checkpoint import load_model
     from jaxspec.resolve import resolve_model
 
-    path = resolve_model(model, weights_dir).weights
+    path = resolve_model(model, weights_dir, revision).weights
     return path, *load_model(path, default_dtype() if dtype == "auto" else dtype)
 
 

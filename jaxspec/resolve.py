@@ -54,7 +54,7 @@ def weights_of(path: Path) -> Path:
                      f"(config.json), nor a preset's weights directory (ckpt/ or hf/ inside)")
 
 
-def resolve_model(model: str | Path, weights_dir: str | Path | None = None) -> ModelFiles:
+def resolve_model(model: str | Path, weights_dir: str | Path | None = None, revision: str | None = None) -> ModelFiles:
     """A directory as it is; otherwise a preset, fetched (into `weights_dir`, default `paths.weights_dir()`) if it
     is not yet. ValueError names the model when it is neither."""
     path = Path(model).expanduser()
@@ -63,7 +63,7 @@ def resolve_model(model: str | Path, weights_dir: str | Path | None = None) -> M
         preset = str(model)
         path = presets.fetch_preset(preset, weights_dir)
     elif not path.exists() and HUB_ID.fullmatch(str(model)):
-        path = hub_snapshot(str(model), weights_dir)
+        path = hub_snapshot(str(model), weights_dir, revision)
     elif not path.exists():
         raise ValueError(f"{model}: no such preset, directory or Hugging Face Hub repo id (owner/name) "
                          f"(presets: {presets.list_presets()})")
@@ -79,15 +79,17 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.txt"]
 
 
-def hub_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
-    """The local directory of a Hub repo's files (huggingface_hub's cache, or `cache_dir`; HF_TOKEN and
-    HF_HUB_OFFLINE apply), downloaded if they are not there. ValueError names the repo when that fails."""
+def hub_snapshot(repo_id: str, cache_dir: str | Path | None = None, revision: str | None = None) -> Path:
+    """The local directory of a Hub repo's files at `revision` (default its main branch; huggingface_hub's cache,
+    or `cache_dir`; HF_TOKEN and HF_HUB_OFFLINE apply), downloaded if they are not there. ValueError names the
+    repo when that fails."""
     from huggingface_hub import list_repo_files, snapshot_download
 
     try:
-        files = list_repo_files(repo_id)
+        files = list_repo_files(repo_id, revision=revision)
         weights = ["*.safetensors"] if any(f.endswith(".safetensors") for f in files) else ["pytorch_model*.bin"]
-        return Path(snapshot_download(repo_id, cache_dir=cache_dir, allow_patterns=HUB_FILES + weights))
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                                      allow_patterns=HUB_FILES + weights))
     except Exception as e:  # no network, no such repo, gated without a token, ...: one error that names the repo
         raise ValueError(f"{repo_id}: not a preset or a directory, and downloading it from the Hugging Face Hub "
                          f"failed: {type(e).__name__}: {e}") from None

@@ -77,8 +77,11 @@ def test_vllm_options_without_a_jaxspec_setting(model_dir, caplog):
     assert [o.outputs[0].text for o in llm.generate(["abc", "hello"], greedy, use_tqdm=False)] == \
         [o.outputs[0].text for o in plain.generate(["abc", "hello"], greedy, use_tqdm=False)]
     assert LLM(str(ckpt), enforce_eager=True, layer_loop="unroll", **base).model_config.layer_loop == "unroll"
+    assert LLM(str(ckpt), dtype="half", **base).model_config.dtype == "float16"  # vLLM's spelling
     for bad, match in [({"quantization": "awq"}, "quantization='awq' is not supported"),
-                       ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8' is not supported")]:
+                       ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8' is not supported"),
+                       ({"tokenizer_mode": "slow"}, "tokenizer_mode='slow' is not supported"),
+                       ({"enable_lora": True}, "enable_lora=True is not supported")]:
         with pytest.raises(ValueError, match=match):
             LLM("no/such/model", **bad, **base)  # raised before the model is looked for
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())

@@ -85,11 +85,11 @@ def test_hub_repo_ids_are_downloaded_into_the_hub_cache(fake_preset, tmp_path, m
              "org/bin-only": ["config.json", "pytorch_model.bin"]}
     calls = []
 
-    def snapshot_download(repo_id, cache_dir=None, allow_patterns=None):
-        calls.append((repo_id, cache_dir, allow_patterns))
+    def snapshot_download(repo_id, revision=None, cache_dir=None, allow_patterns=None):
+        calls.append((repo_id, cache_dir, allow_patterns, revision))
         return str(snapshot)
 
-    def list_repo_files(repo_id):
+    def list_repo_files(repo_id, revision=None):
         if repo_id not in repos:
             raise huggingface_hub.errors.LocalEntryNotFoundError(f"offline, and {repo_id} is not in the cache")
         return repos[repo_id]
@@ -100,8 +100,8 @@ def test_hub_repo_ids_are_downloaded_into_the_hub_cache(fake_preset, tmp_path, m
     assert files.weights == snapshot and files.tokenizer == snapshot and files.preset is None
     assert calls[-1][:2] == ("org/tiny", tmp_path / "cache") and "*.safetensors" in calls[-1][2]
     assert not any(p.endswith(".bin") for p in calls[-1][2])
-    resolve_model("org/bin-only")
-    assert "pytorch_model*.bin" in calls[-1][2] and "*.safetensors" not in calls[-1][2]
+    resolve_model("org/bin-only", revision="v1.0")
+    assert "pytorch_model*.bin" in calls[-1][2] and "*.safetensors" not in calls[-1][2] and calls[-1][3] == "v1.0"
     with pytest.raises(ValueError, match=r"org/missing: not a preset or a directory, and downloading it from the "
                                          r"Hugging Face Hub failed: LocalEntryNotFoundError"):
         resolve_model("org/missing")
