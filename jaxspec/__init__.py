@@ -9,7 +9,8 @@ import logging
 _PUBLIC = {"LLM": "jaxspec.llm", "SamplingParams": "jaxspec.sampling_params",
            "RequestOutputKind": "jaxspec.sampling_params", "RequestOutput": "jaxspec.outputs",
            "CompletionOutput": "jaxspec.outputs", "EngineArgs": "jaxspec.engine_args",
-           "LLMEngine": "jaxspec.engine.llm_engine"}
+           "LLMEngine": "jaxspec.engine.llm_engine", "AsyncLLMEngine": "jaxspec.async_engine",
+           "AsyncEngineArgs": "jaxspec.async_engine"}
 __all__ = list(_PUBLIC)
 
 

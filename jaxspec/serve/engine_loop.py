@@ -118,6 +118,11 @@ class EngineLoop:
             self._thread.join()
 
     @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop outputs go to (the one `start()` ran on)."""
+        return self._loop
+
+    @property
     def is_healthy(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
@@ -139,9 +144,11 @@ class EngineLoop:
             raise
         return RequestStream(self, ids, inbox)
 
-    def abort(self, request_ids: list[str]) -> None:
+    def abort(self, request_ids: list[str], notify_reader: bool = False) -> None:
+        """Abort requests; their reader gets the final output (finish_reason "abort") only with notify_reader,
+        else nobody is assumed to read their inbox any more."""
         for rid in request_ids:
-            if rid in self._routes:
+            if rid in self._routes and not notify_reader:
                 self._routes[rid].aborted = True
         self._commands.put(_Abort(list(request_ids)))
 
