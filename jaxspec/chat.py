@@ -20,9 +20,11 @@ def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: 
                                  "tokenize", "conversation", "messages"})
     if clash:
         raise ValueError(f"chat_template_kwargs may not set {clash}: they are arguments of their own")
+    # only the options that are set: the default call is the plain one every chat tokenizer takes
+    options = {name: value for name, value in (("continue_final_message", continue_final_message),
+                                               ("chat_template", chat_template), ("tools", tools)) if value}
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         continue_final_message=continue_final_message, chat_template=chat_template,
-                                         tools=tools, **extra)
+                                         **options, **extra)
 
 
 def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:

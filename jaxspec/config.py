@@ -100,10 +100,12 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     decode_buckets: list[int] = field(default_factory=list)
     prefill_buckets: list[int] = field(default_factory=list)
+    # decode steps one dispatch may run (multi-step decoding) while no request waits or prefills; 1: one per dispatch
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size",
-                     "num_pages", "max_logprobs"):
+                     "num_pages", "max_logprobs", "num_scheduler_steps"):
             value, lo = getattr(self, name), 0 if name in ("num_pages", "max_logprobs") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")

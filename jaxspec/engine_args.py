@@ -54,6 +54,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None  # KV pages (None: sized from memory)
     async_scheduling: bool = True
     max_logprobs: int = 20
+    num_scheduler_steps: int = 1  # multi-step decoding: decode steps per dispatch while nothing waits or prefills
     # vLLM options with nothing (or one thing) to do here; `vllm_options` says what each does
     trust_remote_code: bool = False
     enforce_eager: bool = False
@@ -99,6 +100,8 @@ class EngineArgs:
         e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                        help="overlap the host's scheduling of step N+1 with the device's step N (default on)")
         e.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
+        e.add_argument("--num-scheduler-steps", type=int, default=1,
+                       help="decode steps one dispatch runs while no request waits or prefills (multi-step)")
         e.add_argument("--trust-remote-code", action="store_true", help="accepted; jaxspec never runs model code")
         e.add_argument("--enforce-eager", action="store_true",
                        help="start fast: scanned layers, programs compiled on first use")

@@ -63,7 +63,8 @@ class LLM:
         num_pages=0 (size from memory; alias num_gpu_blocks_override),
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
-        tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, kernel_config (KernelConfig; default:
+        tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, num_scheduler_steps=1 (decode steps
+        per dispatch while nothing waits or prefills: multi-step decoding), kernel_config (KernelConfig; default:
         its defaults with JAXSPEC_* environment overrides); vLLM's options without a jaxspec setting are taken as
         `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is fetched. compilation_cache_dir:
         jax's persistent compilation
@@ -107,7 +108,7 @@ class LLM:
                max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
                draft_tensor_parallel_size: int | None = None, max_logprobs: int = 20,
-               kernel_config: KernelConfig | None = None) -> None:
+               kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         spec = SpeculativeConfig.parse(speculative_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
@@ -139,7 +140,7 @@ class LLM:
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
                            max_logprobs=max_logprobs, speculative=spec, decode_buckets=decode_buckets or [],
-                           prefill_buckets=prefill_buckets or [])
+                           prefill_buckets=prefill_buckets or [], num_scheduler_steps=num_scheduler_steps)
         cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, kv_cache_memory_bytes)
         if cfg.num_pages < cfg.pages_per_seq:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
@@ -283,7 +284,8 @@ class LLM:
         """Speculative decoding counters, step timing, the scheduler's state and the tokens run through prefill."""
         engine = self.llm_engine
         t, sched = engine.times, engine.scheduler
-        return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "host_wait_s": t.host_wait_s,
+        return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "num_dispatches": t.num_dispatches,
+                "host_wait_s": t.host_wait_s,
                 "wall_s": t.wall_s, "num_preemptions": sched.num_preemptions, "num_compiled": self.num_compiled,
                 "num_steps_by_k": dict(engine.spec_policy.num_steps_by_k),
                 "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting),

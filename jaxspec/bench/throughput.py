@@ -95,6 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--block-size", "--page-size", dest="page_size", type=int, default=16,
                    help="tokens per KV-cache page")
     e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--num-scheduler-steps", type=int, default=1,
+                   help="decode steps per dispatch while nothing waits or prefills (multi-step decoding)")
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="devices the target is split over (heads, MLP columns/rows, vocabulary, KV heads)")
     e.add_argument("--draft-tensor-parallel-size", type=int,
@@ -305,7 +307,7 @@ def run_point(llm, prompts, params, is_async: bool) -> tuple[dict, list[list[int
     point = {
         "num_requests": len(prompts), "elapsed_s": elapsed, "prompt_tokens": n_in, "output_tokens": n_out,
         "requests_per_s": len(prompts) / elapsed, "total_tokens_per_s": (n_in + n_out) / elapsed,
-        "output_tokens_per_s": n_out / elapsed, "num_steps": m["num_steps"],
+        "output_tokens_per_s": n_out / elapsed, "num_steps": m["num_steps"], "num_dispatches": m["num_dispatches"],
         "engine_wall_s": m["wall_s"], "host_wait_s": m["host_wait_s"],
         "wall_per_step_ms": 1e3 * m["wall_s"] / steps, "host_wait_per_step_ms": 1e3 * m["host_wait_s"] / steps,
         "host_busy_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / steps,
@@ -552,7 +554,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   seed=args.seed, speculative_config=spec, load_format=args.load_format,
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
                   warmup=args.engine_warmup, compilation_cache_dir=args.compilation_cache_dir,
-                  attn_impl=args.attn_impl, layer_loop=args.layer_loop,
+                  attn_impl=args.attn_impl, layer_loop=args.layer_loop, num_scheduler_steps=args.num_scheduler_steps,
                   tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
                   decode_buckets=engine.bucket_list(args.decode_buckets, args.max_num_seqs),

@@ -37,6 +37,7 @@ from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.scheduler import Scheduler, StepPlan
 from jaxspec.engine.sequence import Sequence, Status
 from jaxspec.engine.spec_policy import SpecPolicy
+from jaxspec.engine.step import MAX_DEVICE_STOPS
 from jaxspec.outputs import RequestOutput
 from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 
@@ -83,7 +84,8 @@ def metrics_delta(before: dict, after: dict) -> dict:
 
 @dataclass
 class StepTimes:
-    num_steps: int = 0
+    num_steps: int = 0  # decode (or prefill) steps: a multi-step dispatch counts each of its steps
+    num_dispatches: int = 0
     host_wait_s: float = 0.0  # time blocked reading step outputs: the device was behind the host
     wall_s: float = 0.0  # time inside step()
 
@@ -246,13 +248,37 @@ class LLMEngine:
         if plan.decode:
             slots = np.asarray(plan.decode_slots)
             k = self.spec_policy.choose(len(slots), pick_bucket(self.cfg.decode_buckets, len(slots)), slots)
-            self.spec_policy.record(k)
+            for _ in range(plan.num_steps):
+                self.spec_policy.record(k)
         prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
-        decode_out = self.runner.decode(plan.decode_slots, tables, k) if plan.decode else None
+        decode_out = None
+        if plan.num_steps > 1:
+            stops = np.stack([self._device_stops(seq) for seq in plan.decode])
+            decode_out = self.runner.decode(plan.decode_slots, tables, k, stops)
+        elif plan.decode:
+            decode_out = self.runner.decode(plan.decode_slots, tables, k)
         self.in_flight.append(InFlightStep(self._num_steps, plan, k, prefill_out, decode_out))
         self._record("dispatch", self._num_steps)
         self._num_steps += 1
-        self.times.num_steps += 1
+        self.times.num_steps += plan.num_steps
+        self.times.num_dispatches += 1
+
+    def _device_stops(self, seq: Sequence) -> np.ndarray:
+        """What a multi-step dispatch checks for this row: the sequence length it may reach, then its stop ids
+        (stop_token_ids, and EOS unless ignore_eos), as many as fit; made once per sequence."""
+        if seq.device_stops is None:
+            p = seq.params
+            limit = self.cfg.max_model_len
+            if p.max_tokens is not None:
+                limit = min(limit, len(seq.prompt_token_ids) + p.max_tokens)
+            ids = list(dict.fromkeys(list(p.stop_token_ids) + ([] if p.ignore_eos else
+                                                               sorted(self.output_processor.eos_token_ids))))
+            row = np.full((1 + MAX_DEVICE_STOPS,), -1, np.int32)
+            row[0] = limit
+            ids = ids[:MAX_DEVICE_STOPS]
+            row[1:1 + len(ids)] = ids
+            seq.device_stops = row
+        return seq.device_stops
 
     def _fetch(self, step: InFlightStep) -> tuple[StepPlan, int, np.ndarray | None, np.ndarray | None]:
         """Read a step's outputs (blocking until the device has them)."""
@@ -269,7 +295,14 @@ class LLMEngine:
             prefill_np, prefill_lp, prompt_lp = logprob_output.split_prefill(prefill_np, self.cfg.max_prefill_seqs)
             if prompt_lp is not None:
                 self.output_processor.add_prompt_logprobs(plan.prefill, prompt_lp)
-        if decode_np is not None:
+        if decode_np is not None and plan.num_steps > 1:  # [M, B, ...]: each step split, then stacked again
+            parts = [logprob_output.split_decode(d, k) for d in decode_np]
+            decode_np = np.stack([counts for counts, _ in parts])
+            decode_lp = None if parts[0][1] is None else np.stack([lp for _, lp in parts])
+            if self.k:
+                for step_np in decode_np:
+                    self._count_acceptance(plan, k, step_np)
+        elif decode_np is not None:
             decode_np, decode_lp = logprob_output.split_decode(decode_np, k)
             if self.k:
                 self._count_acceptance(plan, k, decode_np)
@@ -314,6 +347,7 @@ class LLMEngine:
         # the extra step of a request that already finished: its tokens are discarded, and so is its draft
         finished = Status.FINISHED  # the status itself, not Sequence.is_finished: 96 property calls cost ~20 us
         live = np.array([seq.status is not finished for seq in plan.decode], bool)
+        live &= decode_np[:len(plan.decode), 0] > 0  # a row a multi-step dispatch stopped made no step
         accepted = decode_np[:len(plan.decode), 0][live].astype(np.int64) - 1
         self.spec_policy.observe(np.asarray(plan.decode_slots)[live], k, accepted)
         if k == 0:

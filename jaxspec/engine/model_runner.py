@@ -21,8 +21,9 @@ from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
-from jaxspec.engine.step import (COPY_PAGES, Caches, SlotState, StepSpec, admit_step, copy_pages_step, decode_step,
-                                 prefill_step, program, slot_program)
+from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_step,
+                                 copy_pages_step, decode_step, multi_decode_step, prefill_step, program,
+                                 slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
@@ -142,7 +143,7 @@ class ModelRunner:
         drafts for the batch's kind."""
         packed, flags = self.sampling.batch(slots)
         kind = flags + (prompt_logprobs,)
-        return packed, self._specs[(k, decode_mode(kind) if step is decode_step else prefill_mode(kind))]
+        return packed, self._specs[(k, prefill_mode(kind) if step is prefill_step else decode_mode(kind))]
 
     def _slots(self, used: list[int], rows: int) -> np.ndarray:
         """`used` padded to `rows` with the padding slot."""
@@ -157,10 +158,10 @@ class ModelRunner:
         state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
         logged (`log`, default the jaxspec logger)."""
         k = spec.num_speculative_tokens
-        tokens = size * (k + 1) if step is decode_step else size
+        tokens = size if step is prefill_step else size * (k + 1)
         fn = program(step, tokens, spec)
         key = (step.__name__, size, k, spec.all_greedy, spec.filtered, spec.extended, spec.processors,
-               spec.prompt_logprobs)
+               spec.prompt_logprobs, spec.num_steps)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
@@ -172,21 +173,32 @@ class ModelRunner:
                 mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
                 mode += (", processors + logprobs" if spec.processors else ", logprobs") if spec.extended else ""
                 mode += ", prompt logprobs" if spec.prompt_logprobs else ""
+                mode += f", {spec.num_steps} steps" if spec.num_steps > 1 else ""
                 (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} (k={k}, {mode}) "
                                      f"in {time.perf_counter() - t0:.1f} s")
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
 
-    def decode(self, slots: list[int], tables: np.ndarray, k: int | None = None) -> jax.Array:
+    def decode(self, slots: list[int], tables: np.ndarray, k: int | None = None,
+               stops: np.ndarray | None = None) -> jax.Array:
         """Dispatch one verify+draft step with k drafts (default K) for the sequences in these slots; `tables`
         [slots + 1, pages] holds every slot's block table. Returns out [B, k+2 (+ logprob columns)] (the first
-        len(slots) rows are theirs)."""
+        len(slots) rows are theirs). With `stops` [len(slots), 1 + MAX_DEVICE_STOPS] (multi_decode_step's), one
+        dispatch runs cfg.num_scheduler_steps steps and out is [steps, B, ...]."""
         B = pick_bucket(self.cfg.decode_buckets, len(slots))
+        n = len(slots)
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
         sampling, spec = self._sampling(slots, decode_step, self.k if k is None else k)
-        return self._run(decode_step, B, spec, rows, sampling)
+        if stops is None:
+            return self._run(decode_step, B, spec, rows, sampling)
+        padded = np.full((B, 1 + MAX_DEVICE_STOPS), -1, np.int32)
+        padded[:n] = stops
+        return self._run(multi_decode_step, B, self._multi(spec), rows, sampling, padded)
+
+    def _multi(self, spec: StepSpec) -> StepSpec:
+        return dataclasses.replace(spec, num_steps=self.cfg.num_scheduler_steps).canonical()
 
     def prefill(self, chunks: list[PrefillChunk], tables: np.ndarray) -> jax.Array:
         """Dispatch one ragged prefill step; returns out [R, 2] = (1 if a first token was sampled, token)."""
@@ -248,11 +260,17 @@ class ModelRunner:
         always. Each step program's time is logged (`log`). Returns the number of compiled programs."""
         P, R, C, S = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS), self.num_slots
         count, out = 0, None
+        multi = self.cfg.num_scheduler_steps > 1
         for mode in sorted({decode_mode(kind) for kind in kinds}):
             for k in k_values or [self.k]:
                 for B in self.cfg.decode_buckets:
                     out = self._run(decode_step, B, self._specs[(k, mode)], *self._idle_decode(B), log=log)
                     count += 1
+                    if multi:
+                        stops = np.full((B, 1 + MAX_DEVICE_STOPS), -1, np.int32)
+                        out = self._run(multi_decode_step, B, self._multi(self._specs[(k, mode)]),
+                                        *self._idle_decode(B), stops, log=log)
+                        count += 1
         for mode in sorted({prefill_mode(kind) for kind in kinds}):
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)

@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from jaxspec.config import EngineConfig
 from jaxspec.engine.block_manager import BlockManager
 from jaxspec.engine.sequence import Sequence, Status
@@ -50,6 +52,7 @@ class StepPlan:
     # sequence's slot while the plan still runs it once more
     decode_slots: list[int] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # KV pages (source, destination) to copy first
+    num_steps: int = 1  # decode steps of the one dispatch (multi-step decoding: never with prefill)
 
     def __bool__(self) -> bool:
         return bool(self.prefill or self.decode)
@@ -105,9 +108,10 @@ class Scheduler:
 
     # ---- planning
 
-    def _decode_positions(self, seq: Sequence) -> int:
-        """Positions [0, n) a decode step may write: verify up to U-1+k, the head's single passes up to U+2k-2."""
-        U = seq.upper_bound_len
+    def _decode_positions(self, seq: Sequence, num_steps: int = 1) -> int:
+        """Positions [0, n) a decode step may write: verify up to U-1+k, the head's single passes up to U+2k-2;
+        each further step of a multi-step dispatch starts at most k+1 positions later."""
+        U = seq.upper_bound_len + (num_steps - 1) * (self.k + 1)
         return min(U + (2 * self.k - 1 if self.k else 0), self.cfg.max_model_len)
 
     def _preempt(self, seq: Sequence) -> None:
@@ -120,8 +124,8 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
-    def _reserve_decode(self, seq: Sequence, allow_preempt: bool) -> bool:
-        need = self._decode_positions(seq)
+    def _reserve_decode(self, seq: Sequence, allow_preempt: bool, num_steps: int = 1) -> bool:
+        need = self._decode_positions(seq, num_steps)
         if self.block_manager.pages_for(need) <= len(seq.pages):
             return True  # the common case: the pages it holds already cover this step
         while not self.block_manager.can_grow(seq, need):
@@ -147,9 +151,14 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        # multi-step decoding only while no request waits and none is mid-prompt (those take single steps, so
+        # that a new request waits at most one step for its prefill)
+        steps = self.cfg.num_scheduler_steps
+        if steps > 1 and (self.waiting or not all(s.decoding for s in self.running)):
+            steps = 1
         # 1. decode every running sequence past prefill, preempting the newest when pages run out
         for seq in list(self.running):
-            if seq.status is Status.RUNNING and seq.decoding and self._reserve_decode(seq, allow_preempt=True):
+            if seq.status is Status.RUNNING and seq.decoding and self._reserve_decode(seq, True, steps):
                 plan.decode.append(seq)
         # 2. prefill chunks: unfinished prompts of running sequences first, then new (or preempted) requests
         budget = self.cfg.max_num_batched_tokens
@@ -197,9 +206,10 @@ class Scheduler:
                 chunk.seq.decoding = True
                 if self._reserve_decode(chunk.seq, allow_preempt=False):
                     plan.decode.append(chunk.seq)
+        plan.num_steps = steps if plan.decode and not plan.prefill else 1  # a preemption may have queued a prefill
         for seq in plan.decode:
             seq.num_inflight += 1
-            seq.inflight_max_tokens += self.k + 1
+            seq.inflight_max_tokens += plan.num_steps * (self.k + 1)
         plan.decode_slots = [seq.slot for seq in plan.decode]
         return plan
 
@@ -208,8 +218,9 @@ class Scheduler:
     def commit(self, plan: StepPlan, prefill_out, decode_out, prefill_logprobs=None,
                decode_logprobs=None) -> list[Sequence]:
         """Apply a step's fetched outputs: prefill_out [R, 2], decode_out [B, k+2] (count, tokens...), and with an
-        extended step their tokens' logprob columns, [R, W] and [B, k+1, W]. Returns the sequences that got
-        tokens."""
+        extended step their tokens' logprob columns, [R, W] and [B, k+1, W]; a multi-step dispatch's decode arrays
+        have a leading [num_steps] axis, and each row gets its steps' tokens in order. Returns the sequences that
+        got tokens."""
         emitted = []
         for i, chunk in enumerate(plan.prefill):
             seq = chunk.seq
@@ -219,6 +230,9 @@ class Scheduler:
                 lp = None if prefill_logprobs is None else prefill_logprobs[i:i + 1]
                 self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [], emitted, lp)
             self._settle(seq)
+        if plan.num_steps > 1:
+            self._commit_steps(plan, decode_out, decode_logprobs, emitted)
+            return emitted
         rows = decode_out.tolist() if plan.decode else []  # one conversion, not one per row
         for i, (seq, row) in enumerate(zip(plan.decode, rows)):
             seq.num_inflight -= 1
@@ -226,6 +240,17 @@ class Scheduler:
             self._emit(seq, row[1:1 + row[0]], emitted, None if decode_logprobs is None else decode_logprobs[i])
             self._settle(seq)
         return emitted
+
+    def _commit_steps(self, plan: StepPlan, decode_out, decode_logprobs, emitted: list[Sequence]) -> None:
+        steps = [d.tolist() for d in decode_out]  # [M][B][k+2]: a row stopped on the device has count 0 after
+        for i, seq in enumerate(plan.decode):
+            seq.num_inflight -= 1
+            seq.inflight_max_tokens -= plan.num_steps * (self.k + 1)
+            tokens = [t for rows in steps for t in rows[i][1:1 + rows[i][0]]]
+            logprobs = None if decode_logprobs is None else np.concatenate(
+                [decode_logprobs[m, i, :rows[i][0]] for m, rows in enumerate(steps)])
+            self._emit(seq, tokens, emitted, logprobs)
+            self._settle(seq)
 
     def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence], logprobs) -> None:
         if seq.is_finished or not tokens:

@@ -59,6 +59,7 @@ class Sequence:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finish_returned: bool = False  # an output carried this sample's finish (DELTA outputs report it once)
     num_outputs: int = 0  # RequestOutputs made for the request (kept by its first sample)
+    device_stops: np.ndarray | None = None  # what a multi-step dispatch checks (LLMEngine._device_stops)
 
     def __post_init__(self) -> None:
         if self.group is None:

@@ -58,6 +58,7 @@ class StepSpec:
     processors: bool = False  # extended decode: some row has a logits processor (else logprobs alone)
     prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
     num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
+    num_steps: int = 1  # multi_decode_step: decode steps one dispatch runs
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
     # target (all the work is still done; the emitted text is meaningless). None: real rejection sampling.
     synthetic_acceptance: float | None = None
@@ -219,6 +220,43 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
                       num_drafts=state.num_drafts.at[slots].set(k), proc=proc)
     out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
+
+
+# the stop token ids a multi-step dispatch checks per row (a request with more stops than this is checked for these;
+# the host's check is the authority, so one it stops and the device does not only costs that row's later steps)
+MAX_DEVICE_STOPS = 8
+
+
+def multi_decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
+                      rows_i32: jax.Array, sampling: jax.Array, stops: jax.Array,
+                      spec: StepSpec) -> tuple[Caches, SlotState, jax.Array]:
+    """spec.num_steps decode steps in one dispatch (a device loop): step i verifies what step i-1 drafted. A row
+    stops at the first step that emits one of its stop ids or reaches its length limit, as the host would stop it:
+    stops [B, 1 + MAX_DEVICE_STOPS] = (the sequence length it may reach, stop ids padded with -1). From then on
+    it runs as a padding row (writes nothing, its slot untouched) and its token count in `out` is 0; so does a row
+    whose sequence had ended before the dispatch (its last token a stop id, or its length at the limit).
+    Returns out [num_steps, B, ...]: each step's decode_step output."""
+    S = state.seq_len.shape[0] - 1
+    slots = rows_i32[:, 0]
+    max_len, stop_ids = stops[:, 0], stops[:, 1:]
+
+    def body(carry, _):
+        caches, state, alive = carry
+        rows = rows_i32.at[:, 0].set(jnp.where(alive, slots, S))
+        caches, state, out = decode_step(tw, dw, caches, state, rows, sampling, spec)
+        count = jnp.where(alive, out[:, 0], 0)
+        k = spec.num_speculative_tokens
+        emitted = out[:, 1:k + 2]  # [B, k+1]
+        hit = (emitted[:, :, None] == stop_ids[:, None, :]) & (stop_ids[:, None, :] >= 0)
+        hit = jnp.any(hit, axis=-1) & (jnp.arange(k + 1)[None, :] < count[:, None])
+        done = jnp.any(hit, axis=1) | (state.seq_len[jnp.minimum(slots, S)] >= max_len)
+        return (caches, state, alive & ~done), out.at[:, 0].set(count)
+
+    # a row whose sequence already ended (in an earlier dispatch the host has not read yet) does not run at all
+    row = jnp.minimum(slots, S)
+    ended = (state.seq_len[row] >= max_len) | jnp.any((state.tokens[row, :1] == stop_ids) & (stop_ids >= 0), axis=1)
+    (caches, state, _), outs = jax.lax.scan(body, (caches, state, (slots < S) & ~ended), None, length=spec.num_steps)
+    return caches, state, outs
 
 
 def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
