@@ -135,3 +135,15 @@ def test_warmup_compiles_the_multi_step_programs(setup):
                                    for i in range(6)], use_tqdm=False)
     assert compiled == [] and llm.get_metrics()["num_dispatches"] < llm.get_metrics()["num_steps"]
 
+
+
+def test_multi_step_under_tensor_parallelism(setup):
+    """Split over 2 (CPU) devices, the multi-step program keeps the shardings its steps pin: the same outputs as one
+    step per dispatch there."""
+    weights, _, prompts, _ = setup
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(6)]
+    want = make_llm(weights, tensor_parallel_size=2).generate(prompts[:6], params, use_tqdm=False)
+    llm = make_llm(weights, tensor_parallel_size=2, num_scheduler_steps=STEPS)
+    got = llm.generate(prompts[:6], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert llm.get_metrics()["num_dispatches"] < llm.get_metrics()["num_steps"]
