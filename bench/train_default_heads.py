@@ -5,15 +5,16 @@ one command that ends by a deadline.
 
 Stages (SmolLM2-135M-Instruct on one H200; default --deadline-s 540):
 1. data, one process, ~205 s: the target writes up to --self-prompts user prompts (Magpie, for
-   --prompts-budget-s), GSM8K test excluded, 10 % held out; the train split and GSM8K train, deduplicated together,
-   get the target's greedy answers (--answer-tokens) for what is left of the data share. Should it fail, it is
-   retried once on GSM8K train alone.
+   --prompts-budget-s), GSM8K test and bench/prompts/general_chat.jsonl excluded, 10 % held out; the train split
+   and GSM8K train, deduplicated together, get the target's greedy answers (--answer-tokens) for what is left of
+   the data share. Should it fail, it is retried once on GSM8K train alone.
 2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1, and EAGLE-3 with
    --ttt-steps training-time-test steps and a --draft-vocab-token vocabulary; --time-budget-s is set so that the
    evaluation still fits (--train-startup-s before the loop, --eval-reserve-s after it). With --warm-start DIR
    each head fine-tunes the one of its name in DIR (train-eagle --init-from).
 3. evaluate, each head right after its training: bench/acceptance.py at k = --eval-k (the ones that matter first)
-   on --eval-prompts prompts of the held-out split and of GSM8K test, greedy, --eval-tokens tokens, scanned layers.
+   on --eval-prompts prompts of the held-out split, of the human-written general_chat set and of GSM8K test,
+   greedy, --eval-tokens tokens, scanned layers.
 OUT gets the heads (OUT/weights/<head>/: bf16 config.json, model.safetensors, training.json, acceptance.json), the
 prompt files (OUT/prompts/), one log per stage (OUT/logs/), summary.json, and the summary table, printed last. A
 failed stage is recorded and the stages that do not need it go on. Prompts and the token dataset are kept in
@@ -38,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 HEADS = {"eagle": "eagle-smollm2-135m-instruct", "eagle3": "eagle3-smollm2-135m-instruct"}
+# general chat prompts written by people for evaluation only: never a training prompt, nor near one
+GENERAL_CHAT = ROOT / "bench" / "prompts" / "general_chat.jsonl"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,7 +146,8 @@ def data_stage(p: Pipeline) -> None:
               "--max-tokens", str(a.answer_tokens), "--gen-batch", str(a.gen_batch), "--seed", str(a.seed),
               "--dataset-cache", str(p.cache), "--data-only", *shlex.split(a.data_args)]
     cmd = common + ["--data", f"self:{a.self_prompts}", "--data", str(gsm_train), "--exclude", str(gsm_test),
-                    "--prompts-out", str(p.prompts), "--prompts-time-budget-s", str(a.prompts_budget_s),
+                    "--exclude", str(GENERAL_CHAT), "--prompts-out", str(p.prompts),
+                    "--prompts-time-budget-s", str(a.prompts_budget_s),
                     "--gen-time-budget-s", str(max(answers, 10.0))]
     p.stage("data", cmd, timeout=share + 30)
     if p.cache.exists():
@@ -181,7 +185,7 @@ def lane(p: Pipeline, method: str) -> None:
         return p.skip(f"eval-{method}", "no head")
     held_out = p.prompts / "held_out.jsonl"
     sets = [f"held_out={held_out}"] if held_out.exists() and held_out.stat().st_size else []
-    sets.append(f"gsm8k_test={p.data_dir / 'gsm8k_test.jsonl'}")
+    sets += [f"general_chat={GENERAL_CHAT}", f"gsm8k_test={p.data_dir / 'gsm8k_test.jsonl'}"]
     spec = json.dumps({"method": method, "model": str(head)})
     p.stage(f"eval-{method}", [
         sys.executable, str(ROOT / "bench" / "acceptance.py"), "--model", a.model, "--speculative-config", spec,

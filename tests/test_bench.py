@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -270,6 +271,25 @@ def test_dataset_prompts(tmp_path):
     assert data.random_prompts(3, 5, 100, 0) == data.random_prompts(3, 5, 100, 0)
     with pytest.raises(ValueError, match="tokenizer"):
         data.dataset_prompts(path, 1, None)
+
+
+def test_general_chat_prompts_are_varied_and_kept_out_of_training():
+    """The human-written evaluation set: 100 distinct prompts, every category in any first 8, none sharing a
+    10-gram with GSM8K (so it measures general chat), and the training pipeline's overlap screen drops a copy."""
+    from jaxspec.prompts import read_prompts
+    from jaxspec.train.prompt_filters import OverlapIndex
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "general_chat.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    prompts = read_prompts(path)
+    categories = sorted({r["category"] for r in rows})
+    assert len(prompts) == len(set(prompts)) == 100 and len(categories) == 8
+    assert {r["category"] for r in rows[:8]} == set(categories)
+    index = OverlapIndex(prompts)
+    assert index.overlaps(prompts[7].upper() + "  ") and not index.overlaps("Write a poem about the sea.")
+    gsm = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k_test.jsonl"
+    if gsm.exists():
+        assert not any(OverlapIndex(read_prompts(gsm)).overlaps(p) for p in prompts)
 
 
 @pytest.mark.parametrize("argv, message", [

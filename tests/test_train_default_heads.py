@@ -82,6 +82,8 @@ def test_pipeline_stages_budgets_and_summary(tmp_path, monkeypatch, capsys, fail
     assert rc == 1 and out.rstrip().endswith(f"everything is in {tmp_path / 'out'}")
     data = fake.calls[0]
     assert data[0] == "data" and "--prompt-max-tokens" in data[1] and data[2] <= 540 - 120 - 35 - 180 + 30
+    excluded = [data[1][i + 1] for i, c in enumerate(data[1]) if c == "--exclude"]
+    assert excluded == [str(tmp_path / "data" / "gsm8k_test.jsonl"), str(tdh.GENERAL_CHAT)]
     assert float(data[1][data[1].index("--gen-time-budget-s") + 1]) == pytest.approx(540 - 335 - 60 - 35, abs=1)
     for name, cmd, timeout, env in fake.calls:
         if name.startswith("train"):
@@ -93,6 +95,7 @@ def test_pipeline_stages_budgets_and_summary(tmp_path, monkeypatch, capsys, fail
             assert init == (str(tmp_path / "old" / tdh.HEADS["eagle"]) if name == "train-eagle" else None)
         if name.startswith("eval"):
             assert timeout <= 540 and cmd[cmd.index("--k") + 1] == "3,5,1,2,4"
+            assert f"general_chat={tdh.GENERAL_CHAT}" in cmd  # the human-written set is always evaluated
     if fail == {"data"}:
         retry = fake.calls[1]
         assert names[:2] == ["data", "data-retry"] and not any(c.startswith("self:") for c in retry[1])
