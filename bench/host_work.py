@@ -1,6 +1,6 @@
 """Host work per engine step (scheduling, dispatch, output handling): what async scheduling must hide.
 
-    python bench/host_work.py --batch 96 --k 3 [--profile]
+    python bench/host_work.py --batch 96 --k 3 [--logprobs 5] [--presence-penalty 0.5] [--profile]
 
 A 2-layer Llama with SmolLM2's vocabulary and tokenizer (random weights, so the device step is short and the
 host's share shows), a random EAGLE-1 head at synthetic acceptance 0.7, greedy, EOS ignored. Host work =
@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--k", type=int, default=3, help="speculative tokens (0: plain decoding)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--logprobs", type=int, metavar="N", help="top-N logprobs per output token")
+    ap.add_argument("--presence-penalty", type=float, default=0.0)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
@@ -58,7 +60,8 @@ def main() -> None:
                            max_num_seqs=args.batch, max_model_len=512, decode_buckets=[args.batch],
                            prefill_buckets=[256, 2048], warmup=False)
     prompts = np.random.default_rng(0).integers(0, 49152, (args.batch, 32)).tolist()
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=args.logprobs,
+                            presence_penalty=args.presence_penalty)
     llm.generate(prompts, params, use_tqdm=False)  # compiles
     runs = []
     for i in range(3):
@@ -76,8 +79,10 @@ def main() -> None:
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
     work, wall, steps = sorted(runs)[1]
-    print(f"batch {args.batch}, k {args.k}: host work {work:.3f} ms/step (median of 3), wall {wall:.3f} ms/step, "
-          f"{steps} steps ({time.strftime('%Y-%m-%d')})")
+    options = f", logprobs {args.logprobs}" * (args.logprobs is not None) + \
+        f", presence_penalty {args.presence_penalty}" * bool(args.presence_penalty)
+    print(f"batch {args.batch}, k {args.k}{options}: host work {work:.3f} ms/step (median of 3), "
+          f"wall {wall:.3f} ms/step, {steps} steps ({time.strftime('%Y-%m-%d')})")
 
 
 if __name__ == "__main__":
