@@ -55,6 +55,8 @@ class EngineArgs:
     async_scheduling: bool = True
     max_logprobs: int = 20
     num_scheduler_steps: int = 1  # multi-step decoding: decode steps per dispatch while nothing waits or prefills
+    generation_config: str = "auto"  # the model's sampling defaults: "auto", "vllm" (none) or a directory
+    override_generation_config: dict | None = None
     # vLLM options with nothing (or one thing) to do here; `vllm_options` says what each does
     trust_remote_code: bool = False
     enforce_eager: bool = False
@@ -102,6 +104,11 @@ class EngineArgs:
         e.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
         e.add_argument("--num-scheduler-steps", type=int, default=1,
                        help="decode steps one dispatch runs while no request waits or prefills (multi-step)")
+        e.add_argument("--generation-config", default="auto",
+                       help="sampling defaults: auto (the model's generation_config.json), vllm (none), or a "
+                            "directory holding a generation_config.json")
+        e.add_argument("--override-generation-config", type=_json_dict,
+                       help='JSON applied over the generation config, e.g. {"temperature": 0.5}')
         e.add_argument("--trust-remote-code", action="store_true", help="accepted; jaxspec never runs model code")
         e.add_argument("--enforce-eager", action="store_true",
                        help="start fast: scanned layers, programs compiled on first use")

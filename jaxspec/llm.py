@@ -25,6 +25,7 @@ from jaxspec.engine.output_processor import OutputProcessor
 from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.spec_policy import DynamicPolicy, make_policy
 from jaxspec.engine_args import vllm_options
+from jaxspec.generation_config import default_sampling_values
 from jaxspec.models import attention, eagle, llama
 from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
@@ -64,11 +65,12 @@ class LLM:
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, num_scheduler_steps=1 (decode steps
-        per dispatch while nothing waits or prefills: multi-step decoding), kernel_config (KernelConfig; default:
-        its defaults with JAXSPEC_* environment overrides); vLLM's options without a jaxspec setting are taken as
-        `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is fetched. compilation_cache_dir:
-        jax's persistent compilation
-        cache (None: ~/.cache/jaxspec/xla; "": off; see jaxspec/compile_cache.py)."""
+        per dispatch while nothing waits or prefills: multi-step decoding), generation_config="auto" and
+        override_generation_config (the model's sampling defaults, jaxspec.generation_config), kernel_config
+        (KernelConfig; default: its defaults with JAXSPEC_* environment overrides); vLLM's options without a
+        jaxspec setting are taken as `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is
+        fetched. compilation_cache_dir: jax's persistent compilation cache (None: ~/.cache/jaxspec/xla; "": off;
+        see jaxspec/compile_cache.py)."""
         engine_args = vllm_options(engine_args)
         compile_cache.configure(compilation_cache_dir)
         path, target_cfg, target_w = loader.load_target(model, load_format, dtype,
@@ -108,8 +110,11 @@ class LLM:
                max_prefill_seqs: int = 8, warmup: bool | str = "auto", decode_buckets: list[int] | None = None,
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
                draft_tensor_parallel_size: int | None = None, max_logprobs: int = 20,
-               kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1) -> None:
+               kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1,
+               generation_config: str = "auto", override_generation_config: dict | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
+        self.default_sampling_values = default_sampling_values(tokenizer_dir, generation_config,
+                                                               override_generation_config)
         spec = SpeculativeConfig.parse(speculative_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
         page_size = _either("page_size", page_size, "block_size", block_size, 16)
@@ -210,6 +215,11 @@ class LLM:
     def get_tokenizer(self) -> Any | None:
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given no sampling params: SamplingParams' defaults with the model's
+        generation config on top (`generation_config`, jaxspec.generation_config), as in vLLM."""
+        return SamplingParams(**self.default_sampling_values)
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True, async_scheduling: bool | None = None) -> list[RequestOutput]:
         """Generate for text prompts or token-id lists; outputs come back in the order of the prompts. Every
@@ -303,7 +313,9 @@ class LLM:
                                                  isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if params is None:
+            params = self.get_default_sampling_params()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
         seqs = []

@@ -536,7 +536,7 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXSPEC_API_KEY", "from-env")
     main(["serve", str(path), "--served-model-name", "t", "--max-model-len", "64", "--max-num-seqs", "2",
           "--max-num-batched-tokens", "16", "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16",
-          "--no-async-scheduling"])
+          "--no-async-scheduling", "--override-generation-config", '{"temperature": 0, "max_new_tokens": 5}'])
     assert (started["host"], started["port"], started["loop"]) == ("127.0.0.1", 8000, "asyncio")
     llm = started["app"].state.engine.llm
     cfg = llm.engine_config
@@ -549,6 +549,13 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
         r = client.post("/v1/completions", headers=auth,
                         json={"prompt": "ab", "max_tokens": 3, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # no temperature and no max_tokens: the generation config's (greedy, 5 tokens), as llm.generate's default
+        r = client.post("/v1/completions", headers=auth, json={"prompt": "ab", "max_tokens": None, "ignore_eos": True})
+    default = llm.get_default_sampling_params()  # (the engine thread has stopped: the LLM is the test's again)
+    assert (default.temperature, default.max_tokens) == (0, 5)
+    expected = llm.generate("ab", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert r.json()["choices"][0]["text"] == expected[0].outputs[0].text
+    assert r.json()["usage"]["completion_tokens"] == 5
 
 
 def test_other_commands_do_not_import_the_server():

@@ -111,7 +111,7 @@ def build_app(llm, served_model_name: str | list[str] | None = None, api_key: st
         extra = sorted(req.model_extra or {})
         if extra:
             logger.warning("request %s: ignored fields %s", request_id, extra)
-        inputs = make_inputs(req, request_id, tokenizer)
+        inputs = make_inputs(req, request_id, tokenizer, llm.default_sampling_values)
         try:
             stream = await engine.submit(inputs.requests, arrival)
         except ValueError as e:

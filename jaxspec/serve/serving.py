@@ -48,11 +48,20 @@ def bad_value(error: ValueError) -> APIError:
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
-def sampling_params(req: api.SamplingRequest, max_tokens: int | None) -> SamplingParams:
-    """The request's SamplingParams; a 400 naming the first field this server cannot honour."""
+# request fields that take the model's generation-config default when the request leaves them unset (vLLM's)
+_GENERATION_DEFAULTS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+
+
+def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: dict[str, Any]) -> SamplingParams:
+    """The request's SamplingParams over the model's sampling defaults (`LLM.default_sampling_values`: the unset
+    fields take them, and their max_tokens caps the request's, as in vLLM); a 400 naming the first field this
+    server cannot honour."""
     for name in req.unsupported_fields():
         raise APIError(f"{name!r} is not supported by this server", param=name)
-    values = req.sampling_values()
+    values = {name: defaults[name] for name in _GENERATION_DEFAULTS if name in defaults and getattr(req, name) is None}
+    values |= req.sampling_values()
+    if defaults.get("max_tokens") is not None:
+        max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
     for name in values:
         if name not in _SAMPLING_FIELDS:
             raise APIError(f"{name!r} is not supported yet: jaxspec's SamplingParams has no {name!r} field",
@@ -79,8 +88,9 @@ def _inputs(request_id: str, prompt_ids: list[list[int]], params: SamplingParams
                         [len(p) if keep is None else min(len(p), keep) for p in prompt_ids])
 
 
-def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any) -> EngineInputs:
-    params = sampling_params(req, req.max_tokens)
+def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any,
+                      defaults: dict[str, Any]) -> EngineInputs:
+    params = sampling_params(req, req.max_tokens, defaults)
     prompts = req.prompts()
     if not prompts:
         raise APIError("prompt must not be an empty list", param="prompt")
@@ -89,8 +99,9 @@ def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: An
     return _inputs(request_id, [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts], params)
 
 
-def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any) -> EngineInputs:
-    params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
+def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
+                defaults: dict[str, Any]) -> EngineInputs:
+    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, defaults)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template: use /v1/completions", param="messages")
     if not req.messages:
