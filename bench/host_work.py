@@ -82,7 +82,8 @@ def main() -> None:
     options = f", logprobs {args.logprobs}" * (args.logprobs is not None) + \
         f", presence_penalty {args.presence_penalty}" * bool(args.presence_penalty)
     print(f"batch {args.batch}, k {args.k}{options}: host work {work:.3f} ms/step (median of 3), "
-          f"wall {wall:.3f} ms/step, {steps} steps ({time.strftime('%Y-%m-%d')})")
+          f"wall {wall:.3f} ms/step, {steps} steps ({time.strftime('%Y-%m-%d')}); runs in order: "
+          + ", ".join(f"{w:.3f}" for w, _, _ in runs))
 
 
 if __name__ == "__main__":
