@@ -63,3 +63,19 @@ def test_generate_without_params_uses_the_defaults(tmp_path):
     assert plain.get_default_sampling_params() == SamplingParams()
     with pytest.raises(ValueError, match="override_generation_config: SamplingParams.max_tokens"):
         make_llm(tiny_weights(), tok, override_generation_config={"max_new_tokens": 0})
+
+
+def test_server_requests_take_the_defaults_only_where_unset():
+    from jaxspec.serve import protocol as api
+    from jaxspec.serve.serving import sampling_params
+
+    defaults = {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 40}
+    unset = sampling_params(api.CompletionRequest(prompt="x", max_tokens=None), None, defaults)
+    assert (unset.temperature, unset.top_p, unset.repetition_penalty, unset.top_k, unset.max_tokens) == \
+        (0.6, 0.9, 1.1, 0, 40)
+    explicit = api.ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], temperature=1.0, top_p=1.0,
+                                         max_completion_tokens=100)
+    params = sampling_params(explicit, 100, defaults)  # an explicit value wins, even the neutral one
+    assert (params.temperature, params.top_p, params.repetition_penalty, params.max_tokens) == (1.0, 1.0, 1.1, 40)
+    assert sampling_params(explicit, 7, defaults).max_tokens == 7  # the smaller of the two limits
+    assert sampling_params(explicit, 7, {}).temperature == 1.0

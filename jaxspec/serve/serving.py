@@ -48,17 +48,14 @@ def bad_value(error: ValueError) -> APIError:
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
-# request fields that take the model's generation-config default when the request leaves them unset (vLLM's)
-_GENERATION_DEFAULTS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
-
-
 def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: dict[str, Any]) -> SamplingParams:
     """The request's SamplingParams over the model's sampling defaults (`LLM.default_sampling_values`: the unset
     fields take them, and their max_tokens caps the request's, as in vLLM); a 400 naming the first field this
     server cannot honour."""
     for name in req.unsupported_fields():
         raise APIError(f"{name!r} is not supported by this server", param=name)
-    values = {name: defaults[name] for name in _GENERATION_DEFAULTS if name in defaults and getattr(req, name) is None}
+    # the sampling fields a request leaves unset (None) take the model's default (all are request fields)
+    values = {name: v for name, v in defaults.items() if name != "max_tokens" and getattr(req, name) is None}
     values |= req.sampling_values()
     if defaults.get("max_tokens") is not None:
         max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
