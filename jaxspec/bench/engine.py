@@ -57,8 +57,8 @@ def env_knobs() -> dict[str, str]:
 def num_compiled() -> int | None:
     """Programs in the step functions' jit caches: a change during a timed run means it compiled."""
     try:
-        return sum(compiled(step, cublas)._cache_size() for step in (decode_step, prefill_step)
-                   for cublas in (False, True))
+        return sum(compiled(step, cublas, stable)._cache_size() for step in (decode_step, prefill_step)
+                   for cublas in (False, True) for stable in (False, True))
     except AttributeError:
         return None
 
@@ -134,12 +134,9 @@ class DecodeTiming(NamedTuple):
     busy_dispatch_s: float = 0.0
 
 
-def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
-    """Seconds per decode step at batch B with every slot at `context` tokens (slot i owns pages i*P .. i*P+P-1):
-    steps dispatched back to back, as the async engine keeps the device busy; steps read one at a time; and the
-    host's time to dispatch one step onto an idle device (building its arrays and launching its kernels), which
-    the engine must spend per step besides its own scheduling: a step whose device time is below it is host-bound
-    however the host is scheduled."""
+def _timing_batch(runner, B: int, context: int) -> tuple[list[int], np.ndarray]:
+    """Slots 0..B-1 at `context` tokens with random last tokens and K drafts (slot i owns pages i*P .. i*P+P-1):
+    the slot list and block tables a timed decode dispatches."""
     cfg = runner.cfg
     pages = cfg.pages_per_seq
     if B * pages > cfg.num_pages:
@@ -152,18 +149,37 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
         num_drafts=np.full((runner.num_slots + 1,), runner.k, np.int32))
     sharding = runner.spec.shardings
     runner.state = jax.device_put(state, sharding.replicated if sharding else jax.local_devices()[0])
-    slots = list(range(B))
     tables = np.full((runner.num_slots + 1, pages), -1, np.int32)
     tables[:B] = np.arange(B * pages, dtype=np.int32).reshape(B, pages)
+    return list(range(B)), tables
+
+
+def no_stops(B: int) -> np.ndarray:
+    """multi_decode_step's stops for B rows that never stop (no stop ids, no length limit): every step runs."""
+    from jaxspec.engine.step import MAX_DEVICE_STOPS
+
+    stops = np.full((B, 1 + MAX_DEVICE_STOPS), -1, np.int32)
+    stops[:, 0] = np.iinfo(np.int32).max
+    return stops
+
+
+def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = False) -> DecodeTiming:
+    """Seconds per decode dispatch at batch B with every slot at `context` tokens: dispatches back to back, as
+    the async engine keeps the device busy; dispatches read one at a time; and the host's time to dispatch one
+    onto an idle device (building its arrays and launching its kernels), which the engine must spend per dispatch
+    besides its own scheduling: a step whose device time is below it is host-bound however the host is scheduled.
+    `multi`: each dispatch runs runner.cfg.num_scheduler_steps steps (multi_decode_step, no row stops)."""
+    slots, tables = _timing_batch(runner, B, context)
+    stops = no_stops(B) if multi else None
     warmup, blocking = 3, min(iters, 10)
     for _ in range(warmup):
-        out = runner.decode(slots, tables)
+        out = runner.decode(slots, tables, None, stops)
     np.asarray(out)
     t0 = time.perf_counter()
     busy = 0.0
     for _ in range(iters):
         t1 = time.perf_counter()
-        out = runner.decode(slots, tables)
+        out = runner.decode(slots, tables, None, stops)
         busy += time.perf_counter() - t1
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
@@ -171,8 +187,50 @@ def decode_step_time(runner, B: int, context: int, iters: int) -> DecodeTiming:
     t0 = time.perf_counter()
     for _ in range(blocking):
         t1 = time.perf_counter()
-        out = runner.decode(slots, tables)
+        out = runner.decode(slots, tables, None, stops)
         dispatch += time.perf_counter() - t1
         np.asarray(out)
     return DecodeTiming(pipelined, (time.perf_counter() - t0) / blocking, dispatch / blocking,
                         warmup + iters + blocking, busy / iters)
+
+
+def dispatch_breakdown(runner, B: int, context: int, iters: int = 20, multi: bool = False) -> dict[str, float]:
+    """Where the host time of one decode dispatch goes, each part timed alone onto an idle device (median ms):
+    `plan`, the runner's host arrays (ModelRunner.decode_plan); `put`, their host-to-device copy (blocking);
+    `launch`, the jitted step called with the plan already on the device (JAX's argument handling and XLA's
+    launch of the program's kernels, command-buffer updates included); `launch_same`, the same with one plan's
+    device arrays every time (their addresses do not change, so XLA need not update the CUDA graphs that read
+    them); `args`, a jitted no-op taking the same arguments (JAX's per-call floor); `decode`, ModelRunner.decode
+    as the engine calls it (plan, copy, launch and the output's host copy started)."""
+    from jaxspec.engine.step import program
+
+    slots, tables = _timing_batch(runner, B, context)
+    stops = no_stops(B) if multi else None
+    times: dict[str, list[float]] = {name: [] for name in ("plan", "put", "launch", "launch_same", "args", "decode")}
+    same = None
+    noop = jax.jit(lambda tw, dw, caches, state, *plan: plan[0][0, 0])
+
+    def timed(name: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        times[name].append(time.perf_counter() - t0)
+        return result
+
+    for i in range(iters + 2):  # the first two rounds warm up (compiles, allocator)
+        step, size, spec, *plan = timed("plan", lambda: runner.decode_plan(slots, tables, None, stops))
+        device_plan = timed("put", lambda: jax.block_until_ready(jax.device_put(plan, jax.local_devices()[0])))
+        fn = program(step, size * (spec.num_speculative_tokens + 1), spec)
+        runner.caches, runner.state, out = timed(
+            "launch", lambda: fn(runner.tw, runner.dw, runner.caches, runner.state, *device_plan, spec))
+        np.asarray(out)
+        same = same or device_plan
+        runner.caches, runner.state, out = timed(
+            "launch_same", lambda: fn(runner.tw, runner.dw, runner.caches, runner.state, *same, spec))
+        np.asarray(out)
+        jax.block_until_ready(timed("args", lambda: noop(runner.tw, runner.dw, runner.caches, runner.state,
+                                                         *device_plan)))
+        np.asarray(timed("decode", lambda: runner.decode(slots, tables, None, stops)))
+        if i < 2:
+            for v in times.values():
+                v.clear()
+    return {name: float(np.median(v)) * 1e3 for name, v in times.items()}
