@@ -139,7 +139,8 @@ def test_no_compilation_during_generation(weights, prompts):
     a greedy batch with processors and logprobs."""
     from jaxspec.engine import step
 
-    programs = lambda cublas: sum(step.compiled(s, cublas)._cache_size()  # noqa: E731
+    stable = KernelConfig().stable_scratch
+    programs = lambda cublas: sum(step.compiled(s, cublas, stable)._cache_size()  # noqa: E731
                                   for s in (step.decode_step, step.prefill_step))
     before = {cublas: programs(cublas) for cublas in (False, True)}
     llm = make_llm(weights, warmup=True, max_num_seqs=4, max_num_batched_tokens=32, decode_buckets=[2, 4],
@@ -191,15 +192,15 @@ def test_sync_runs_the_same_steps_as_async(weights, prompts):
         steps[mode] = []
         decode = llm.llm_engine.runner.decode
 
-        def record(slots, tables, k, decode=decode, log=steps[mode]):
-            log.append((list(slots), tables[slots].tolist(), k))
-            return decode(slots, tables, k)
+        def record(slots, tables, k, stops, decode=decode, log=steps[mode]):
+            log.append((list(slots), tables[slots].tolist(), k, stops))
+            return decode(slots, tables, k, stops)
 
         llm.llm_engine.runner.decode = record
         outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
     assert steps[True] == steps[False]
-    assert len({len(ids) for ids, _, _ in steps[True]}) > 2  # the batch shrank through several buckets
+    assert len({len(ids) for ids, _, _, _ in steps[True]}) > 2  # the batch shrank through several buckets
     assert outs[True] == outs[False]
     assert [len(o) for o in outs[True]] == [p.max_tokens for p in params]
 
@@ -305,3 +306,32 @@ def test_kernel_settings_are_part_of_the_jit_key(weights, prompts, monkeypatch):
     monkeypatch.setenv("JAXSPEC_ATTN_PROGRAMS", "x")
     with pytest.raises(ValueError, match="JAXSPEC_ATTN_PROGRAMS"):
         make_llm(weights)
+
+
+def test_flag_settings_parse_as_booleans(weights, monkeypatch):
+    """KernelConfig's flags take 0 or 1 from JAXSPEC_* and only booleans as values."""
+    monkeypatch.setenv("JAXSPEC_RESIDENT_PLAN", "0")
+    assert KernelConfig.from_env() == KernelConfig(resident_plan=False)
+    monkeypatch.setenv("JAXSPEC_RESIDENT_PLAN", "2")
+    with pytest.raises(ValueError, match="JAXSPEC_RESIDENT_PLAN"):
+        KernelConfig.from_env()
+    with pytest.raises(ValueError, match="stable_scratch"):
+        KernelConfig(stable_scratch=1)
+
+
+def test_resident_plan_keeps_its_addresses_and_changes_no_output(weights, prompts, reference):
+    """The plan arrays are written into one set of device buffers per (step, bucket) (KernelConfig.resident_plan):
+    their addresses stay the same from dispatch to dispatch, and outputs equal those of fresh arrays per step."""
+    llm = make_llm(weights, decode_buckets=[4, 8])
+    runner = llm.llm_engine.runner
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert {name for name, _ in runner._plans} == {"decode_step", "prefill_step"}
+    addresses = {key: [a.unsafe_buffer_pointer() for a in plan] for key, plan in runner._plans.items()}
+    outs = llm.generate(prompts[:5], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[:5]
+    after = {key: [a.unsafe_buffer_pointer() for a in plan] for key, plan in runner._plans.items()}
+    assert {key: after[key] for key in addresses} == addresses
+    fresh = make_llm(weights, decode_buckets=[4, 8], kernel_config=KernelConfig(resident_plan=False))
+    assert [o.outputs[0].token_ids for o in fresh.generate(prompts, GREEDY, use_tqdm=False)] == reference
+    assert fresh.llm_engine.runner._plans == {}

@@ -252,11 +252,9 @@ class LLMEngine:
                 self.spec_policy.record(k)
         prefill_out = self.runner.prefill(plan.prefill, tables) if plan.prefill else None
         decode_out = None
-        if plan.num_steps > 1:
-            stops = np.stack([self._device_stops(seq) for seq in plan.decode])
+        if plan.decode:
+            stops = np.stack([self._device_stops(seq) for seq in plan.decode]) if plan.num_steps > 1 else None
             decode_out = self.runner.decode(plan.decode_slots, tables, k, stops)
-        elif plan.decode:
-            decode_out = self.runner.decode(plan.decode_slots, tables, k)
         self.in_flight.append(InFlightStep(self._num_steps, plan, k, prefill_out, decode_out))
         self._record("dispatch", self._num_steps)
         self._num_steps += 1

@@ -22,8 +22,8 @@ from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_step,
-                                 copy_pages_step, decode_step, multi_decode_step, prefill_step, program,
-                                 slot_program)
+                                 copy_pages_step, decode_step, multi_decode_step, plan_program, prefill_step,
+                                 program, slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
@@ -111,6 +111,10 @@ class ModelRunner:
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
         self._called: set[tuple] = set()  # (step, bucket, k, mode) of the programs called so far
+        # (step, bucket) -> the device buffers its plan arrays are written into (KernelConfig.resident_plan; one
+        # device only: under a mesh the arrays go to each call as they are)
+        self._resident = target_cfg.kernel.resident_plan and mesh is None
+        self._plans: dict[tuple[str, int], tuple[jax.Array, ...]] = {}
 
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
@@ -130,6 +134,7 @@ class ModelRunner:
             self.caches = self._new_caches()
             if self._shardings is None:
                 self.caches = jax.device_put(self.caches, jax.local_devices()[0])
+        self._plans = {key: plan for key, plan in self._plans.items() if not any(a.is_deleted() for a in plan)}
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
             self.state = SlotState.init(self.num_slots, self.k, self.vocab_size)
             self.state = (jax.device_put(self.state, jax.local_devices()[0]) if self._shardings is None
@@ -153,6 +158,18 @@ class ModelRunner:
 
     # ---- dispatch
 
+    def _place(self, step: Callable, size: int, plan: tuple[np.ndarray, ...]) -> tuple:
+        """The plan as the step reads it: written into this (step, bucket)'s resident device buffers (one small
+        donated dispatch; their addresses never change, see KernelConfig.resident_plan), or as it is."""
+        if not self._resident:
+            return plan
+        key = (step.__name__, size)
+        buffers = self._plans.get(key)
+        if buffers is None:
+            buffers = jax.device_put(tuple(np.zeros_like(a) for a in plan), jax.local_devices()[0])
+        self._plans[key] = buffers = plan_program(buffers, plan)
+        return buffers
+
     def _run(self, step: Callable, size: int, spec: StepSpec, *plan: np.ndarray, log=None) -> jax.Array:
         """Call a jitted step on bucket `size` (rows to decode, tokens to prefill), keeping the donated caches and
         state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
@@ -165,6 +182,7 @@ class ModelRunner:
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
+        plan = self._place(step, size, plan)
         self.caches, self.state, out = fn(self.tw, self.dw, self.caches, self.state, *plan, spec)
         if first:
             self._called.add(key)
@@ -186,16 +204,21 @@ class ModelRunner:
         [slots + 1, pages] holds every slot's block table. Returns out [B, k+2 (+ logprob columns)] (the first
         len(slots) rows are theirs). With `stops` [len(slots), 1 + MAX_DEVICE_STOPS] (multi_decode_step's), one
         dispatch runs cfg.num_scheduler_steps steps and out is [steps, B, ...]."""
+        return self._run(*self.decode_plan(slots, tables, k, stops))
+
+    def decode_plan(self, slots: list[int], tables: np.ndarray, k: int | None = None,
+                    stops: np.ndarray | None = None) -> tuple:
+        """What `decode` dispatches: (step, bucket, spec, *host arrays), built on the host (no device work)."""
         B = pick_bucket(self.cfg.decode_buckets, len(slots))
         n = len(slots)
         slots = self._slots(slots, B)
         rows = np.concatenate([slots[:, None], tables[slots]], axis=1)
         sampling, spec = self._sampling(slots, decode_step, self.k if k is None else k)
         if stops is None:
-            return self._run(decode_step, B, spec, rows, sampling)
+            return decode_step, B, spec, rows, sampling
         padded = np.full((B, 1 + MAX_DEVICE_STOPS), -1, np.int32)
         padded[:n] = stops
-        return self._run(multi_decode_step, B, self._multi(spec), rows, sampling, padded)
+        return multi_decode_step, B, self._multi(spec), rows, sampling, padded
 
     def _multi(self, spec: StepSpec) -> StepSpec:
         return dataclasses.replace(spec, num_steps=self.cfg.num_scheduler_steps).canonical()

@@ -351,6 +351,15 @@ def copy_pages_step(caches: Caches, pages: jax.Array, spec: StepSpec) -> Caches:
     return Caches(jax.lax.with_sharding_constraint(caches.target, spec.shardings.target_kv), draft)
 
 
+def write_plan(buffers: tuple[jax.Array, ...], arrays: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    """Each plan array written over its buffer; jitted with the buffers donated (plan_program), the outputs keep
+    the buffers' device addresses."""
+    return tuple(jax.lax.dynamic_update_slice(b, a, (0,) * a.ndim) for b, a in zip(buffers, arrays))
+
+
+plan_program = jax.jit(write_plan, donate_argnums=0)
+
+
 @functools.cache
 def slot_program(step: Callable) -> Callable:
     """admit_step or copy_pages_step jitted, with what it changes donated."""
@@ -358,14 +367,37 @@ def slot_program(step: Callable) -> Callable:
                    donate_argnames=("caches",) if step is copy_pages_step else ("state",))
 
 
+SCRATCH_OPTION = ("xla_gpu_command_buffer_update_mode", "SKIP_TEMP")
+
+
 @functools.cache
-def compiled(step: Callable, cublas: bool) -> Callable:
-    """`step` (decode_step or prefill_step) jitted, caches and slot state donated, with or without cuBLAS GEMMs."""
+def stable_scratch_supported() -> bool:
+    """Whether this XLA compiles for a GPU with the command-buffer update mode of SCRATCH_OPTION (newer XLA only;
+    on other backends the option means nothing and is not passed)."""
+    if jax.default_backend() != "gpu":
+        return False
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=dict([SCRATCH_OPTION])).lower(jnp.float32(0)).compile()
+    except Exception:  # an XLA without the field or the mode rejects the option
+        return False
+    return True
+
+
+@functools.cache
+def compiled(step: Callable, cublas: bool, stable_scratch: bool = False) -> Callable:
+    """`step` (decode_step or prefill_step) jitted, caches and slot state donated, with or without cuBLAS GEMMs
+    and the stable scratch address (KernelConfig.stable_scratch, where supported)."""
+    options = {}
+    if cublas:
+        options["xla_gpu_enable_triton_gemm"] = False
+    if stable_scratch and stable_scratch_supported():
+        options.update([SCRATCH_OPTION])
     return jax.jit(step, static_argnames=("spec",), donate_argnames=("caches", "state"),
-                   compiler_options={"xla_gpu_enable_triton_gemm": False} if cublas else None)
+                   compiler_options=options or None)
 
 
 def program(step: Callable, tokens: int, spec: StepSpec) -> Callable:
     """The jitted `step` for a batch that runs `tokens` tokens through the model (rows x (k + 1) to decode): with
     cuBLAS GEMMs from the spec's KernelConfig.cublas_min_tokens tokens up (see there)."""
-    return compiled(step, tokens >= spec.target.kernel.cublas_min_tokens)
+    kernel = spec.target.kernel
+    return compiled(step, tokens >= kernel.cublas_min_tokens, kernel.stable_scratch)

@@ -32,16 +32,31 @@ class KernelConfig:
     # many (12.5 against 17.8 ms for the fused EAGLE step at 96 rows x 3 tokens = 288). At 72 tokens the two were
     # within 2 % (7.09 ms with cuBLAS, 6.96 without); the threshold between is a choice, not a measurement.
     cublas_min_tokens: int = 64
+    # XLA:GPU's command-buffer update mode SKIP_TEMP, where this XLA has it: the step's scratch buffer keeps one
+    # (remapped) address, so the CUDA graphs are not re-recorded on every dispatch. Without it the scratch buffer
+    # moved between steps and every node was updated: on the H200 (bench/step_time.py, SmolLM2 shapes, no
+    # speculation) launching one batch-96 step took 3.2 ms of host time against 0.83 ms with it.
+    stable_scratch: bool = True
+    # Keep each step's plan arrays (block tables, sampling params...) in device buffers of their own per bucket,
+    # overwritten by a small donated program before each dispatch, so the step reads them at the same addresses
+    # every time: XLA updates every CUDA-graph node that reads a buffer whose address changed since the last run,
+    # and arrays passed fresh each step have new ones. On the H200 (SmolLM2 shapes, k = 3, batch 96, with
+    # stable_scratch) launching a step took 3.0 ms of host time with fresh plan arrays, 1.0 ms with the same ones.
+    resident_plan: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if f.type in ("bool", bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"KernelConfig.{f.name} must be True or False, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KernelConfig.{f.name} must be a positive integer, got {value!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "KernelConfig":
-        """The defaults, each overridden by JAXSPEC_<FIELD> (JAXSPEC_ATTN_PROGRAMS, JAXSPEC_CUBLAS_MIN_TOKENS...)."""
+        """The defaults, each overridden by JAXSPEC_<FIELD> (JAXSPEC_ATTN_PROGRAMS, JAXSPEC_CUBLAS_MIN_TOKENS...; 0 or 1
+        for a flag such as JAXSPEC_STAGE_PLAN)."""
         environ = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):
@@ -51,4 +66,8 @@ class KernelConfig:
                     values[f.name] = int(environ[name])
                 except ValueError:
                     raise ValueError(f"{name}={environ[name]!r} is not an integer") from None
+                if f.type in ("bool", bool):
+                    if values[f.name] not in (0, 1):
+                        raise ValueError(f"{name}={environ[name]!r}: expected 0 or 1")
+                    values[f.name] = bool(values[f.name])
         return cls(**values)
