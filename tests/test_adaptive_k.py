@@ -70,12 +70,12 @@ def test_dynamic_policy_runs_and_reports_its_choices(weights, prompts, trained_h
     without compiling, and its choices show in get_metrics()."""
     spec = {"method": "eagle", "model": str(trained_heads["eagle"].path), "num_speculative_tokens": K,
             "dynamic": True}
-    llm = make_llm(weights, speculative_config=spec, warmup=True, max_num_seqs=4, decode_buckets=[2, 4],
+    llm = make_llm(weights, speculative_config=spec, warmup=True, max_num_seqs=4, decode_buckets=[4],
                    prefill_buckets=[64])
     policy = llm.llm_engine.spec_policy
     assert isinstance(policy, DynamicPolicy)
-    assert set(policy.step_times) == {(B, k) for B in (2, 4) for k in range(K + 1)}
-    assert llm.num_compiled == 9 * 2 * (K + 1) + 5 + 2  # decode modes x buckets x k; prefill modes; admit, copy
+    assert set(policy.step_times) == {(4, k) for k in range(K + 1)}
+    assert llm.num_compiled == 9 * (K + 1) + 5 + 2  # decode modes x k (one bucket); prefill modes; admit, copy
     params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=20)
               for i in range(len(prompts))]
     with compiles() as compiled:

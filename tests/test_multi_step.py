@@ -57,8 +57,10 @@ def test_multi_step_equals_single_steps(setup, trained_heads, method, sampling, 
     spec = None if method is None else {"method": method, "model": str(trained_heads[method].path),
                                         "num_speculative_tokens": 2}
     params = params_for(sampling, outs)
-    single = make_llm(weights, tokenizer, speculative_config=spec, max_num_seqs=16)  # none waits: blocks at once
-    multi = make_llm(weights, tokenizer, speculative_config=spec, max_num_seqs=16, num_scheduler_steps=STEPS)
+    # none waits: blocks at once; one bucket (fewer programs to compile: padding rows change no output)
+    kw = dict(speculative_config=spec, max_num_seqs=16, decode_buckets=[16])
+    single = make_llm(weights, tokenizer, **kw)
+    multi = make_llm(weights, tokenizer, num_scheduler_steps=STEPS, **kw)
     blocks = []  # (the sequences' output lengths before, the block's count columns [M, B]) of each block
     commit_steps = type(multi.llm_engine.scheduler)._commit_steps
 
@@ -128,7 +130,7 @@ def test_warmup_compiles_the_multi_step_programs(setup):
     """With num_scheduler_steps > 1, warm-up compiles each decode program in its multi-step form too: generating
     (blocks and single steps) compiles nothing."""
     weights, tokenizer, prompts, _ = setup
-    llm = make_llm(weights, tokenizer, num_scheduler_steps=STEPS, warmup=True, max_num_seqs=4, decode_buckets=[2, 4],
+    llm = make_llm(weights, tokenizer, num_scheduler_steps=STEPS, warmup=True, max_num_seqs=4, decode_buckets=[4],
                    prefill_buckets=[64])
     with compiles() as compiled:
         llm.generate(prompts[:6], [SamplingParams(temperature=[0, 0.8][i % 2], seed=i, max_tokens=9 + i)
