@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 
 import jax
 
@@ -47,7 +47,7 @@ class KernelConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in ("bool", bool):
+            if _is_flag(f):
                 if not isinstance(value, bool):
                     raise ValueError(f"KernelConfig.{f.name} must be True or False, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -56,7 +56,7 @@ class KernelConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "KernelConfig":
         """The defaults, each overridden by JAXSPEC_<FIELD> (JAXSPEC_ATTN_PROGRAMS, JAXSPEC_CUBLAS_MIN_TOKENS...; 0 or 1
-        for a flag such as JAXSPEC_STAGE_PLAN)."""
+        for a flag such as JAXSPEC_RESIDENT_PLAN)."""
         environ = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):
@@ -66,8 +66,13 @@ class KernelConfig:
                     values[f.name] = int(environ[name])
                 except ValueError:
                     raise ValueError(f"{name}={environ[name]!r} is not an integer") from None
-                if f.type in ("bool", bool):
+                if _is_flag(f):
                     if values[f.name] not in (0, 1):
                         raise ValueError(f"{name}={environ[name]!r}: expected 0 or 1")
                     values[f.name] = bool(values[f.name])
         return cls(**values)
+
+
+def _is_flag(f: Field) -> bool:
+    """A boolean field (its annotation is a string under `from __future__ import annotations`)."""
+    return f.type in ("bool", bool)
