@@ -12,7 +12,9 @@
 #
 #   bash bench/serve_sweep.sh                     # from the repository root
 #   WHEELS=/path/to/wheels bash bench/serve_sweep.sh   # first installs the serve extra offline from those wheels
-#   (MODEL, HEAD, DATA, NUM_PROMPTS, OUTPUT_LEN, RATES, PORT, OUT, SERVER_EXTRA override the defaults below)
+#   MODES="eagle-async eagle-sync" SERVER_EXTRA=--disable-frontend-multiprocessing bash bench/serve_sweep.sh
+#                                                 # some modes, with the engine on a thread of the server's process
+#   (MODEL, HEAD, DATA, NUM_PROMPTS, OUTPUT_LEN, RATES, MODES, PORT, OUT, SERVER_EXTRA override the defaults below)
 set -euo pipefail
 
 PY=${PY:-python3}
@@ -23,6 +25,7 @@ DATA=${DATA:-$([ -f ../shared/data/gsm8k_test.jsonl ] && echo ../shared/data/gsm
 NUM_PROMPTS=${NUM_PROMPTS:-64}
 OUTPUT_LEN=${OUTPUT_LEN:-256}
 RATES=${RATES:-"8 32 inf"}
+MODES=${MODES:-"eagle-async eagle-sync none-async none-sync"}  # a sync mode compares with its async one if it ran
 PORT=${PORT:-8123}
 OUT=${OUT:-bench/results/serve-$(date +%Y%m%d-%H%M%S)}
 CACHE=${CACHE:-bench/results/.jax-cache}
@@ -64,7 +67,8 @@ run_mode() {  # run_mode NAME BASELINE_NAME_OR_EMPTY SERVER_FLAGS...
     wait_healthy "$log"
     for rate in $RATES; do
         local compare=()
-        [ -n "$baseline" ] && compare=(--compare-with "$OUT/$baseline-rate$rate.json")
+        local base="$OUT/$baseline-rate$rate.json"
+        [ -n "$baseline" ] && [ -f "$base" ] && compare=(--compare-with "$base")
         $PY -m jaxspec bench serve --base-url "http://127.0.0.1:$PORT" --endpoint /v1/chat/completions \
             --dataset-name jsonl --dataset-path "$DATA" --jsonl-output-len "$OUTPUT_LEN" \
             --num-prompts "$NUM_PROMPTS" --request-rate "$rate" --seed 0 --disable-tqdm --label "$name" \
@@ -78,13 +82,18 @@ run_mode() {  # run_mode NAME BASELINE_NAME_OR_EMPTY SERVER_FLAGS...
     SERVER_PID=""
 }
 
-run_mode eagle-async "" --speculative-config "$SPEC" --async-scheduling
-run_mode eagle-sync eagle-async --speculative-config "$SPEC" --no-async-scheduling
-run_mode none-async "" --async-scheduling
-run_mode none-sync none-async --no-async-scheduling
+for mode in $MODES; do
+    case $mode in
+        eagle-async) run_mode eagle-async "" --speculative-config "$SPEC" --async-scheduling ;;
+        eagle-sync) run_mode eagle-sync eagle-async --speculative-config "$SPEC" --no-async-scheduling ;;
+        none-async) run_mode none-async "" --async-scheduling ;;
+        none-sync) run_mode none-sync none-async --no-async-scheduling ;;
+        *) echo "unknown mode $mode (eagle-async, eagle-sync, none-async, none-sync)"; exit 1 ;;
+    esac
+done
 
 files=()
-for mode in eagle-async eagle-sync none-async none-sync; do
+for mode in $MODES; do
     for rate in $RATES; do files+=("$OUT/$mode-rate$rate.json"); done
 done
 echo

@@ -4,7 +4,12 @@ and raw httpx; the oracle is `LLM.generate` / `LLM.chat` on the same LLM before 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
+import os
+import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +28,7 @@ import uvicorn
 from jaxspec import SamplingParams
 from jaxspec.bench import serve as bench_serve
 from jaxspec.serve.app import build_app
+from jaxspec.serve.engine_process import EngineProcess
 from tests.tiny import make_llm, tiny_weights, write_char_tokenizer
 
 API_KEY = "test-key"
@@ -68,22 +74,39 @@ def running(app):
         sock.close()
 
 
+def tiny_chat_llm(path: str):
+    """The served LLM: a long context, so that a request can outlast its client's disconnect (a CPU step takes
+    about a millisecond). Importable, for the engine process to build its own copy."""
+    return make_llm(tiny_weights(), Path(path), max_model_len=MAX_MODEL_LEN, max_num_seqs=16, decode_buckets=[16],
+                    prefill_buckets=[64])
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def oracle(tmp_path_factory):
+    """The LLM of this process and what it generates (before any server runs it)."""
     path = make_model_dir(tmp_path_factory.mktemp("tinychat"))
-    # a long context, so that a request can outlast its client's disconnect (a CPU step takes about a millisecond)
-    llm = make_llm(tiny_weights(), path, max_model_len=MAX_MODEL_LEN, max_num_seqs=16, decode_buckets=[16],
-                   prefill_buckets=[64])
+    llm = tiny_chat_llm(str(path))
     reference = {p: o.outputs[0].text for p, o in zip(PROMPTS, llm.generate(PROMPTS, GREEDY, use_tqdm=False))}
     chat_reference = [o.outputs[0].text for o in llm.chat(CHATS, GREEDY, use_tqdm=False)]
     options_reference = [llm.chat(CONTINUED, GREEDY, use_tqdm=False, add_generation_prompt=False, **kw)[0]
                          for kw in CHAT_OPTIONS]
     ids_reference = llm.generate([[3, 1, 4, 1, 5]], GREEDY, use_tqdm=False)[0].outputs[0].text
-    app = build_app(llm, served_model_name=[MODEL, "alias"], api_key=API_KEY, model_path=str(path))
+    return SimpleNamespace(llm=llm, path=path, reference=reference, chat_reference=chat_reference,
+                           options_reference=options_reference, ids_reference=ids_reference)
+
+
+@pytest.fixture(scope="module", params=["process", "thread"])
+def served(request, oracle):
+    """A server of the same model with its engine in a process of its own (`jaxspec serve`'s default), then one
+    with the engine on a thread of this process running the oracle's LLM (--disable-frontend-multiprocessing)."""
+    if request.param == "process":
+        engine = EngineProcess.launch(functools.partial(tiny_chat_llm, str(oracle.path)))
+    else:
+        engine = oracle.llm
+    app = build_app(engine, served_model_name=[MODEL, "alias"], api_key=API_KEY, model_path=str(oracle.path))
     with running(app) as url:
-        yield SimpleNamespace(url=url, llm=llm, path=path, reference=reference, chat_reference=chat_reference,
-                              options_reference=options_reference,
-                              ids_reference=ids_reference, client=openai.OpenAI(base_url=url + "/v1", api_key=API_KEY))
+        yield SimpleNamespace(**vars(oracle), url=url, app=app,
+                              client=openai.OpenAI(base_url=url + "/v1", api_key=API_KEY))
 
 
 def async_client(served) -> openai.AsyncOpenAI:
@@ -398,6 +421,90 @@ def test_soak_500_requests_with_disconnects(served):
     print(f"soak: {n} requests in {time.monotonic() - start:.1f} s")
 
 
+# ---- the engine process
+
+def test_a_dead_engine_process_fails_its_requests_and_health(oracle):
+    """The engine process killed under a stream: the stream ends with an error event, /health says 503, and a new
+    request gets a 500 JSON error, before and after (nothing hangs)."""
+    engine = EngineProcess.launch(functools.partial(tiny_chat_llm, str(oracle.path)))
+    with running(build_app(engine, served_model_name=MODEL, api_key=API_KEY)) as url:
+        served = SimpleNamespace(url=url)
+        assert httpx.get(url + "/health").status_code == 200
+        body = {"model": MODEL, "prompt": "ab", "max_tokens": MAX_MODEL_LEN - 2, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {API_KEY}"}) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+            os.kill(engine.pid, signal.SIGKILL)
+            events = [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "the engine process exited" in json.loads(events[-2])["error"]["message"]
+        assert httpx.get(url + "/health").status_code == 503
+        r = post(served, "/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 2})
+        assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
+
+
+def test_wire_round_trip_gives_the_same_outputs(oracle):
+    """What the engine process sends is what the server rebuilds: several steps of one request, its prompt with
+    the first only, logprobs made in the server with its own tokenizer, prompt logprobs, metrics."""
+    from jaxspec.engine.logprob_output import FlatLogprobs
+    from jaxspec.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+    from jaxspec.serve.wire import Decoder, Encoder
+
+    tok = oracle.llm.get_tokenizer()
+    rows = np.array([[np.float32(-0.5).view(np.int32), 1, np.float32(-0.5).view(np.int32), 3],
+                     [np.float32(-1.25).view(np.int32), 2, np.float32(-0.25).view(np.int32), 7]], np.int32)
+    text = functools.lru_cache(maxsize=None)(lambda t: tok.decode([t]))
+
+    def step(i, finished):
+        comp = CompletionOutput(0, f"t{i}", [3, 4], -1.75, FlatLogprobs([3, 4], rows, 1, text),
+                                "length" if finished else None, None)
+        plain = CompletionOutput(1, "", [], None, None, None, None)
+        return RequestOutput("r", "ab", [1, 2, 3], [None, {2: Logprob(-0.1, 1, "b")}] if i == 0 else None,
+                             [comp, plain], finished, RequestMetrics(1.0, 2.0, 1.5, 2.0, 0.5, None), 0)
+
+    encoder, decoder = Encoder(), Decoder(tok)
+    steps = [[step(0, False)], [step(1, False)], [step(2, True)]]
+    wire = [pickle.loads(pickle.dumps(encoder.encode(s))) for s in steps]
+    assert wire[0][0][1] == ("ab", [1, 2, 3]) and wire[1][0][1] is None
+    decoded = [decoder.decode(w) for w in wire]
+    assert decoded == steps
+    assert decoded[1][0].outputs[0].logprobs[1][7] == Logprob(-0.25, 1, text(7))
+    assert not decoder._prompts  # nothing kept once the request has finished
+
+
+def test_text_made_in_the_server_equals_the_engines(tmp_path):
+    """Requests without stop strings run with detokenize=False and get their text from the server's Decoder:
+    step for step the same outputs as the engine's own text, over a byte-level tokenizer whose characters span
+    tokens (seeded sampling makes invalid and split UTF-8), two samples of one prompt, and each finish."""
+    from jaxspec.sampling_params import RequestOutputKind
+    from jaxspec.serve.wire import Decoder, Encoder
+    from tests.tiny import TINY, write_byte_tokenizer
+
+    cfg = dataclasses.replace(TINY, vocab_size=256)
+    llm = make_llm(tiny_weights(cfg=cfg), write_byte_tokenizer(tmp_path / "bytes"), cfg=cfg, decode_buckets=[8])
+    engine, prompts = llm.llm_engine, [[104, 105], [200, 201, 202], [65]]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=24 + i, n=2 if i == 1 else 1,
+                             output_kind=RequestOutputKind.DELTA, logprobs=1 if i == 2 else None) for i in range(3)]
+
+    def steps(make_params, convert):
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            engine.add_request(str(i), {"prompt_token_ids": prompt}, make_params(str(i), p))
+        out = []
+        while engine.has_unfinished_requests():
+            out.append([(o.request_id, [(c.index, c.text, c.token_ids, c.finish_reason, c.logprobs and list(c.logprobs))
+                                        for c in o.outputs], o.finished) for o in convert(engine.step())])
+        return out
+
+    decoder, encoder = Decoder(llm.get_tokenizer()), Encoder()
+    own = steps(lambda rid, p: p, lambda outs: outs)
+    made = steps(decoder.engine_params, lambda outs: decoder.decode(pickle.loads(pickle.dumps(encoder.encode(outs)))))
+    assert made == own
+    assert any("\ufffd" in text or ord(max(text or "a")) > 127 for step in own for _, comps, _ in step
+               for _, text, _, _, _ in comps)  # multi-byte characters did occur
+    assert not decoder._texts and not decoder._prompts
+    assert decoder.engine_params("s", SamplingParams(stop=["x"])).detokenize  # stop strings: the engine's text
+
+
 # ---- the benchmark client against the server
 
 def bench_args(served, tmp_path, **kw):
@@ -534,9 +641,10 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     started = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(kw, app=app))
     monkeypatch.setenv("JAXSPEC_API_KEY", "from-env")
-    main(["serve", str(path), "--served-model-name", "t", "--max-model-len", "64", "--max-num-seqs", "2",
-          "--max-num-batched-tokens", "16", "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16",
-          "--no-async-scheduling", "--override-generation-config", '{"temperature": 0, "max_new_tokens": 5}'])
+    flags = ["serve", str(path), "--served-model-name", "t", "--max-model-len", "64", "--max-num-seqs", "2",
+             "--max-num-batched-tokens", "16", "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets",
+             "16", "--no-async-scheduling", "--override-generation-config", '{"temperature": 0, "max_new_tokens": 5}']
+    main([*flags, "--disable-frontend-multiprocessing"])
     assert (started["host"], started["port"], started["loop"]) == ("127.0.0.1", 8000, "asyncio")
     llm = started["app"].state.engine.llm
     cfg = llm.engine_config
@@ -556,6 +664,14 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     expected = llm.generate("ab", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert r.json()["choices"][0]["text"] == expected[0].outputs[0].text
     assert r.json()["usage"]["completion_tokens"] == 5
+    # the default: the same LLM built from the same flags in an engine process, the same answers
+    main(flags)
+    engine = started["app"].state.engine
+    assert isinstance(engine, EngineProcess) and engine.pid != os.getpid() and engine.max_model_len == 64
+    with TestClient(started["app"]) as client:
+        r = client.post("/v1/completions", headers=auth, json={"prompt": "ab", "max_tokens": None, "ignore_eos": True})
+    assert r.json()["choices"][0]["text"] == expected[0].outputs[0].text
+    assert not engine._process.is_alive()  # stopped with the app
 
 
 def test_other_commands_do_not_import_the_server():

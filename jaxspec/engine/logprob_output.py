@@ -73,6 +73,12 @@ class FlatLogprobs(Sequence):
             self._made[i] = position_logprobs(self._tokens[i:i + 1], self._rows[i:i + 1], self._num, self._decode)[0]
         return self._made[i]
 
+    @property
+    def state(self) -> tuple[list[int], np.ndarray, int, bool]:
+        """(tokens, rows, num, whether the dicts carry text): what another process needs to make the same dicts
+        with its own tokenizer (jaxspec.serve.wire)."""
+        return self._tokens, self._rows, self._num, self._decode is not None
+
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
 

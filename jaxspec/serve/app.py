@@ -1,8 +1,9 @@
 """The FastAPI app: OpenAI's /v1 routes, /health, /metrics, errors as OpenAI's JSON, and the API key.
 
-`build_app(llm, ...)` serves an LLM that is already built (the CLI builds one from flags; tests pass a tiny one).
-The engine thread starts with the app (its lifespan) and is stopped with it; everything else runs on the event
-loop. A client that disconnects, streaming or not, aborts its requests, and the engine frees their pages.
+`build_app(engine, ...)` serves an engine that is already built: an `EngineProcess` (the CLI's default: the LLM
+in a process of its own) or an LLM, whose engine then runs on a thread of this process. The engine starts with
+the app (its lifespan) and is stopped with it; everything else runs on the event loop. A client that disconnects,
+streaming or not, aborts its requests, and the engine frees their pages.
 
 As in vLLM, `api_key` guards every route under /v1 (`Authorization: Bearer <key>`); /health and /metrics stay
 open, for load balancers and scrapers.
@@ -68,14 +69,15 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def build_app(llm, served_model_name: str | list[str] | None = None, api_key: str | None = None,
+def build_app(engine, served_model_name: str | list[str] | None = None, api_key: str | None = None,
               model_path: str | None = None) -> FastAPI:
-    """An app that serves `llm` under `served_model_name` (the first name is the one responses report)."""
+    """An app that serves `engine` (an EngineLoop, EngineProcess among them, or an LLM) under `served_model_name`
+    (the first name is the one responses report)."""
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
     names = names or [model_path or "jaxspec"]
-    tokenizer = llm.get_tokenizer()
-    max_model_len = llm.engine_config.max_model_len
-    engine = EngineLoop(llm)
+    engine = engine if isinstance(engine, EngineLoop) else EngineLoop(engine)
+    tokenizer = engine.tokenizer
+    max_model_len = engine.max_model_len
     metrics = ServerMetrics(names[0], lambda: engine.metrics)
     engine.on_outputs = metrics.observe
 
@@ -111,7 +113,7 @@ def build_app(llm, served_model_name: str | list[str] | None = None, api_key: st
         extra = sorted(req.model_extra or {})
         if extra:
             logger.warning("request %s: ignored fields %s", request_id, extra)
-        inputs = make_inputs(req, request_id, tokenizer, llm.default_sampling_values)
+        inputs = make_inputs(req, request_id, tokenizer, engine.default_sampling_values)
         try:
             stream = await engine.submit(inputs.requests, arrival)
         except ValueError as e:
@@ -140,7 +142,7 @@ def build_app(llm, served_model_name: str | list[str] | None = None, api_key: st
     async def health() -> Response:
         if engine.is_healthy:
             return Response(status_code=200)
-        return _error(APIError(f"the engine has stopped: {engine.error!r}", 503))
+        return _error(APIError(f"the engine has stopped: {engine.error}", 503))
 
     @app.get("/metrics")
     async def prometheus() -> Response:

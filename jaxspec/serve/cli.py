@@ -8,6 +8,7 @@ when the server starts.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 from jaxspec.engine_args import EngineArgs
@@ -25,11 +26,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     s.add_argument("--disable-uvicorn-access-log", action="store_true")
+    s.add_argument("--disable-frontend-multiprocessing", action="store_true",
+                   help="run the engine on a thread of the server's process (default: a process of its own, so "
+                        "that the HTTP side and the engine's host work do not share one GIL)")
     EngineArgs.add_cli_args(p, model_flag=False)
 
 
 def build_llm(args: argparse.Namespace):
     return EngineArgs.from_cli_args(args).create_llm()
+
+
+def build_engine(args: argparse.Namespace):
+    """The LLM the flags describe, in a process of its own (an EngineProcess) unless
+    --disable-frontend-multiprocessing."""
+    if args.disable_frontend_multiprocessing:
+        return build_llm(args)
+    from jaxspec.serve.engine_process import EngineProcess
+
+    return EngineProcess.launch(functools.partial(build_llm, args))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -39,13 +53,13 @@ def run(args: argparse.Namespace) -> None:
 
     api_key = args.api_key or os.environ.get("JAXSPEC_API_KEY")  # read now, as the server starts
     try:
-        llm = build_llm(args)
+        engine = build_engine(args)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"jaxspec serve: error: {exc}") from None
-    app = build_app(llm, served_model_name=args.served_model_name or [args.model], api_key=api_key,
+    app = build_app(engine, served_model_name=args.served_model_name or [args.model], api_key=api_key,
                     model_path=args.model)
-    # asyncio's own loop even where uvloop is installed: the engine steps on a thread of this process, and under
-    # uvloop its steps were 20 % longer (64 streams, CPU machine); the likely cause, not verified, is the GIL
-    # (uv_try_write keeps it where asyncio's socket writes let go of it)
+    # asyncio's own loop even where uvloop is installed: with the engine on a thread of this process
+    # (--disable-frontend-multiprocessing) its steps were 20 % longer under uvloop (64 streams, CPU machine); the
+    # likely cause, not verified, is the GIL (uv_try_write keeps it where asyncio's socket writes let go of it)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                 access_log=not args.disable_uvicorn_access_log, timeout_graceful_shutdown=5, loop="asyncio")

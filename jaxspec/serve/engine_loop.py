@@ -1,47 +1,30 @@
-"""The engine on its own thread, and the asyncio side's handle on it.
+"""The asyncio side of the server's engine: submit requests, abort them, and read their outputs.
 
-`LLMEngine` is not thread-safe, so one thread owns it. Before each step that thread drains a queue of commands
-(add, abort) that the HTTP side puts there; it steps while any request is unfinished and blocks on the queue
-when none is. The outputs of a step go to the event loop in one `call_soon_threadsafe` callback, which routes
-each to its request's inbox: the HTTP side never waits on a step and never touches the engine, and the engine
-thread does nothing per request but what `step()` does.
-
-Adds are acknowledged: the engine thread validates the requests (`make_request` raises a ValueError naming the
-problem), queues them only if all are valid, and resolves the caller's future, so a bad request gets its 400
-before any response header is sent and a batch of prompts runs all or nothing.
+The engine runs in an `EngineCore` (jaxspec.serve.engine_core) that the HTTP side never touches: `EngineLoop`
+runs it on a thread of this process, `EngineProcess` (jaxspec.serve.engine_process) in a process of its own, so
+that the event loop's work on the streams and the engine's host work do not take turns on one GIL. Either way
+the core's events reach the event loop, where each step's outputs are routed to their request's inbox: the HTTP
+side never waits on a step, and the engine does nothing per request but what `step()` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from jaxspec.serve.engine_core import Abort, Add, EngineCore, Event, Stop
 
 logger = logging.getLogger("jaxspec.serve")
 
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped on an exception; no request can run any more."""
-
-
-@dataclass
-class _Add:
-    requests: list[tuple[str, Any, Any]]  # (request_id, prompt, SamplingParams)
-    done: asyncio.Future
-
-
-@dataclass
-class _Abort:
-    request_ids: list[str]
-
-
-class _Stop:
-    pass
 
 
 @dataclass
@@ -87,34 +70,66 @@ class _Route:
 
 
 class EngineLoop:
-    """`start()` on the event loop, then `submit()` requests and read their outputs from the RequestStream."""
+    """`start()` on the event loop, then `submit()` requests and read their outputs from the RequestStream. This
+    class runs the engine on a thread of this process (`llm` is the LLM; it is the caller's again after `stop()`);
+    EngineProcess runs it in a process of its own."""
 
     def __init__(self, llm, on_outputs: Callable[[list, list[RequestTiming], float], None] | None = None,
                  snapshot_interval_s: float = 0.1):
         self.llm = llm
-        self.engine = llm.llm_engine
         self.on_outputs = on_outputs  # called on the event loop with each step's routed outputs
         self.snapshot_interval_s = snapshot_interval_s
-        self.metrics: dict = llm.get_metrics()  # the engine's counters, refreshed by the engine thread
-        self.error: BaseException | None = None
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.metrics: dict = llm.get_metrics() if llm is not None else {}  # the latest snapshot of the engine's
+        self.error: str | None = None  # what stopped the engine
         self._routes: dict[str, _Route] = {}  # event loop only
+        self._acks: dict[int, tuple[asyncio.Future, list[str]]] = {}  # add id -> (submit's future, its ids)
+        self._add_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._live: set[str] = set()  # engine thread only: added and not yet finished
-        self._last_snapshot = 0.0
+
+    # ---- what the engine serves (EngineProcess: from its process)
+
+    @property
+    def tokenizer(self) -> Any | None:
+        return self.llm.get_tokenizer()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.engine_config.max_model_len
+
+    @property
+    def default_sampling_values(self) -> dict[str, Any]:
+        return self.llm.default_sampling_values
+
+    # ---- the engine's side, on a thread (EngineProcess overrides these three)
+
+    def _start_engine(self) -> None:
+        core = EngineCore(self.llm, self._commands, self._emit, self.snapshot_interval_s)
+        self._thread = threading.Thread(target=core.run, name="jaxspec-engine", daemon=True)
+        self._thread.start()
+
+    def _send(self, command) -> None:
+        self._commands.put(command)
+
+    @property
+    def _engine_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _emit(self, event: Event) -> None:
+        """On the engine thread: the event to the event loop."""
+        self._loop.call_soon_threadsafe(self._on_event, event)
 
     # ---- event loop side
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="jaxspec-engine", daemon=True)
-        self._thread.start()
+        self._start_engine()
 
     def stop(self) -> None:
         """Abort what runs, let the engine free it, and end the thread (blocking: call it from a worker thread)."""
-        if self._thread is not None and self._thread.is_alive():
-            self._commands.put(_Stop())
+        if self._engine_alive:
+            self._send(Stop())
             self._thread.join()
 
     @property
@@ -124,22 +139,29 @@ class EngineLoop:
 
     @property
     def is_healthy(self) -> bool:
-        return self.error is None and self._thread is not None and self._thread.is_alive()
+        return self.error is None and self._engine_alive
 
     async def submit(self, requests: list[tuple[str, Any, Any]], arrival: float) -> RequestStream:
         """Queue requests (request_id, prompt, params) and return once the engine has accepted all of them; a
         ValueError (bad request) or EngineDeadError otherwise, and then none of them runs."""
         if not self.is_healthy:
-            raise EngineDeadError(f"the engine has stopped: {self.error!r}")
+            raise EngineDeadError(f"the engine has stopped: {self.error}")
         inbox = Inbox(self._loop)
         ids = [rid for rid, _, _ in requests]
         for rid in ids:
             self._routes[rid] = _Route(inbox, RequestTiming(arrival))
         done = self._loop.create_future()
-        self._commands.put(_Add(requests, done))
+        add_id = next(self._add_ids)
+        self._acks[add_id] = (done, ids)
+        try:
+            self._send(Add(add_id, self._engine_requests(requests)))
+        except EngineDeadError:
+            self._acks.pop(add_id)
+            self._drop(ids)
+            raise
         try:
             await done
-        except asyncio.CancelledError:  # the caller went away while the engine thread was adding
+        except asyncio.CancelledError:  # the caller went away while the engine was adding
             self.abort(ids)
             raise
         return RequestStream(self, ids, inbox)
@@ -150,13 +172,38 @@ class EngineLoop:
         for rid in request_ids:
             if rid in self._routes and not notify_reader:
                 self._routes[rid].aborted = True
-        self._commands.put(_Abort(list(request_ids)))
+        if self.is_healthy:
+            try:
+                self._send(Abort(list(request_ids)))
+            except EngineDeadError:  # nothing runs any more
+                pass
 
-    def _acknowledge(self, done: asyncio.Future, request_ids: list[str], error: ValueError | None) -> None:
-        """On the event loop: the engine took the requests, or refused them all (then they have no route)."""
+    def _engine_requests(self, requests: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+        """The requests as the engine runs them (EngineProcess: some with their text made here)."""
+        return requests
+
+    def _drop(self, request_ids: list[str]) -> None:
+        """Requests that will not run."""
+        for rid in request_ids:
+            self._routes.pop(rid, None)
+
+    def _on_event(self, event: Event) -> None:
+        """On the event loop: one event of the engine's."""
+        kind = event[0]
+        if kind == "outputs":
+            self._route(event[1], event[2])
+        elif kind == "metrics":
+            self.metrics = event[1]  # one reference swap: readers on other threads see old or new
+        elif kind == "ack":
+            self._acknowledge(event[1], event[2])
+        else:  # "dead": an engine bug; say so on every open request and in /health
+            self._fail_all(event[1])
+
+    def _acknowledge(self, add_id: int, error: ValueError | None) -> None:
+        """The engine took the requests, or refused them all (then they have no route)."""
+        done, request_ids = self._acks.pop(add_id)
         if error is not None:
-            for rid in request_ids:
-                self._routes.pop(rid, None)
+            self._drop(request_ids)
         if done.done():  # cancelled: submit() has asked for an abort
             return
         if error is None:
@@ -165,7 +212,7 @@ class EngineLoop:
             done.set_exception(error)
 
     def _route(self, outputs: list, now: float) -> None:
-        """On the event loop: each output to its request's inbox (not for an aborted request's reader)."""
+        """Each output to its request's inbox (not for an aborted request's reader)."""
         routed, timings = [], []
         for out in outputs:
             route = self._routes.get(out.request_id)
@@ -180,75 +227,16 @@ class EngineLoop:
         if self.on_outputs is not None and routed:
             self.on_outputs(routed, timings, now)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_all(self, error: str) -> None:
+        self.error = error
+        dead = EngineDeadError(f"the engine has stopped: {error}")
         routes, self._routes = self._routes, {}
         for route in routes.values():
-            route.inbox.put(EngineDeadError(f"the engine has stopped: {error!r}"))
-
-    # ---- engine thread
-
-    def _run(self) -> None:
-        try:
-            while self._apply(self._next_commands()):
-                if self.engine.has_unfinished_requests():
-                    outputs = self.engine.step()
-                    if outputs:
-                        now = time.perf_counter()
-                        self._live.difference_update(o.request_id for o in outputs if o.finished)
-                        self._loop.call_soon_threadsafe(self._route, outputs, now)
-                self._snapshot(force=not self.engine.has_unfinished_requests())
-            self._drain_for_stop()
-        except BaseException as e:  # an engine bug: say so on every open request and in /health
-            logger.exception("the engine thread stopped")
-            self.error = e
-            self._loop.call_soon_threadsafe(self._fail_all, e)
-
-    def _next_commands(self) -> list:
-        """Every queued command; blocks for one when the engine has nothing to do."""
-        commands = [] if self.engine.has_unfinished_requests() else [self._commands.get()]
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
-
-    def _apply(self, commands: list) -> bool:
-        """Run the commands in order; False once told to stop."""
-        for cmd in commands:
-            if isinstance(cmd, _Stop):
-                return False
-            if isinstance(cmd, _Abort):
-                self.engine.abort_request(cmd.request_ids)
-                self._live.difference_update(cmd.request_ids)
-            else:
-                self._add(cmd)
-        return True
-
-    def _add(self, cmd: _Add) -> None:
-        """Validate the whole batch, then queue it: a ValueError leaves nothing queued."""
-        ids = [rid for rid, _, _ in cmd.requests]
-        try:
-            seqs = [self.engine.make_request(rid, prompt, params) for rid, prompt, params in cmd.requests]
-        except ValueError as e:
-            self._loop.call_soon_threadsafe(self._acknowledge, cmd.done, ids, e)
-            return
-        for seq in seqs:
-            self.engine.queue(seq)
-        self._live.update(ids)
-        self._loop.call_soon_threadsafe(self._acknowledge, cmd.done, ids, None)
-
-    def _drain_for_stop(self) -> None:
-        """Abort everything still running and step until the engine has freed it, so the LLM stays usable."""
-        self.engine.abort_request(list(self._live))
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
-        self._snapshot(force=True)
-
-    def _snapshot(self, force: bool) -> None:
-        now = time.perf_counter()
-        if force or now - self._last_snapshot >= self.snapshot_interval_s:
-            self.metrics = self.llm.get_metrics()  # one reference swap: readers on other threads see old or new
-            self._last_snapshot = now
+            route.inbox.put(dead)
+        acks, self._acks = self._acks, {}
+        for done, _ in acks.values():
+            if not done.done():
+                done.set_exception(dead)
 
 
 @dataclass
