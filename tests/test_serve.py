@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import multiprocessing
 import os
 import pickle
 import signal
@@ -441,6 +442,24 @@ def test_a_dead_engine_process_fails_its_requests_and_health(oracle):
         assert httpx.get(url + "/health").status_code == 503
         r = post(served, "/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 2})
         assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
+
+
+def test_the_events_reader_leaves_the_event_loop_its_turn():
+    """However many events wait in the pipe, one wake-up routes at most EVENTS_PER_WAKEUP of them, so that the
+    streams' tasks run in between; the next wake-ups take the rest, in order."""
+    from jaxspec.serve import engine_process
+
+    recv, send = multiprocessing.Pipe(duplex=False)
+    engine = EngineProcess(None, None, recv, {"tokenizer": None, "max_model_len": 8, "default_sampling_values": {},
+                                              "metrics": {}})
+    for i in range(10):
+        send.send(("metrics", {"i": i}))
+    seen = []
+    for _ in range(3):
+        engine._read()
+        seen.append(engine.metrics["i"])
+    n = engine_process.EVENTS_PER_WAKEUP
+    assert seen == [n - 1, min(2 * n, 10) - 1, min(3 * n, 10) - 1]
 
 
 def test_wire_round_trip_gives_the_same_outputs(oracle):

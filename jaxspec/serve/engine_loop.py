@@ -117,8 +117,18 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive()
 
     def _emit(self, event: Event) -> None:
-        """On the engine thread: the event to the event loop."""
-        self._loop.call_soon_threadsafe(self._on_event, event)
+        """On the engine thread: the event to the event loop. A metrics snapshot is one reference swap, which
+        readers on any thread see whole, and an engine error shows in is_healthy at once; once the event loop has
+        closed (an asyncio.run of AsyncLLMEngine's has ended), nobody reads what the engine still says."""
+        if event[0] == "metrics":
+            self.metrics = event[1]
+            return
+        if event[0] == "dead":
+            self.error = event[1]
+        try:
+            self._loop.call_soon_threadsafe(self._on_event, event)
+        except RuntimeError:  # the event loop is closed
+            pass
 
     # ---- event loop side
 

@@ -30,6 +30,9 @@ from jaxspec.serve.engine_loop import EngineDeadError, EngineLoop
 from jaxspec.serve.wire import Decoder, Encoder
 
 
+EVENTS_PER_WAKEUP = 4  # engine events (a step's outputs each) routed per turn of the event loop
+
+
 def _picklable(e: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(e))
@@ -139,9 +142,15 @@ class EngineProcess(EngineLoop):
         return self._process.is_alive()
 
     def _read(self) -> None:
-        """On the event loop, when the events pipe is readable: every event that has arrived."""
+        """On the event loop, when the events pipe is readable: up to EVENTS_PER_WAKEUP of the events that have
+        arrived. Never all of them: an engine that steps faster than this loop routes would keep the pipe full, and
+        the streams' tasks, which run between these callbacks, would send nothing until the engine stopped (seen on
+        the H200: 64 streams got every token in the last 20 ms). Unread events wait in the pipe, whose filling
+        holds the engine back to the pace the server keeps."""
         try:
-            while self._events_conn.poll():
+            for _ in range(EVENTS_PER_WAKEUP):
+                if not self._events_conn.poll():
+                    return
                 event = self._events_conn.recv()
                 if event[0] == "outputs":
                     event = ("outputs", self._decoder.decode(event[1]), event[2])
