@@ -693,6 +693,32 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     assert not engine._process.is_alive()  # stopped with the app
 
 
+def test_the_servers_process_never_imports_jax(tmp_path):
+    """`jaxspec serve` (the engine in its own process): the server's process answers a request without ever
+    importing JAX, so it holds no device and no device memory."""
+    from jaxspec.convert.checkpoint import save_checkpoint
+    from tests.tiny import TINY
+
+    path = tmp_path / "model"
+    make_model_dir(path / "hf")
+    save_checkpoint(path / "ckpt", TINY, tiny_weights())
+    code = ("import sys, uvicorn\n"
+            "from fastapi.testclient import TestClient\n"
+            "from jaxspec.cli import main\n"
+            "def run(app, **kw):\n"
+            "    with TestClient(app) as client:\n"
+            "        r = client.post('/v1/completions', json={'prompt': 'ab', 'max_tokens': 3, 'ignore_eos': True})\n"
+            "    print(r.status_code, r.json()['usage']['completion_tokens'], 'jax' in sys.modules)\n"
+            "uvicorn.run = run\n"
+            f"main(['serve', {str(path)!r}, '--max-model-len', '64', '--max-num-seqs', '2', "
+            "'--max-num-batched-tokens', '16', '--block-size', '8', '--decode-buckets', '2', "
+            "'--prefill-buckets', '16'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=600,
+                         cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-3:] == ["200", "3", "False"], out.stdout
+
+
 def test_other_commands_do_not_import_the_server():
     """Every command's parser is built without FastAPI, uvicorn or prometheus_client (the serve extra)."""
     code = ("import argparse, sys, jaxspec.cli as cli\n"
