@@ -425,11 +425,15 @@ def test_soak_500_requests_with_disconnects(served):
 # ---- the engine process
 
 def test_a_dead_engine_process_fails_its_requests_and_health(oracle):
-    """The engine process killed under a stream: the stream ends with an error event, /health says 503, and a new
-    request gets a 500 JSON error, before and after (nothing hangs)."""
+    """A SIGINT (Ctrl-C reaches the whole process group) leaves the engine process serving; killed under a
+    stream, the stream ends with an error event, /health says 503, and a new request gets a 500 JSON error."""
     engine = EngineProcess.launch(functools.partial(tiny_chat_llm, str(oracle.path)))
     with running(build_app(engine, served_model_name=MODEL, api_key=API_KEY)) as url:
         served = SimpleNamespace(url=url)
+        os.kill(engine.pid, signal.SIGINT)
+        r = post(served, "/v1/completions", {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
+                                             "temperature": 0, "ignore_eos": True})
+        assert r.json()["choices"][0]["text"] == oracle.reference[PROMPTS[0]]
         assert httpx.get(url + "/health").status_code == 200
         body = {"model": MODEL, "prompt": "ab", "max_tokens": MAX_MODEL_LEN - 2, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +52,10 @@ def _pump(conn, commands: queue.SimpleQueue) -> None:
 
 
 def _engine_main(factory: Callable[[], Any], commands_conn, events_conn, snapshot_interval_s: float) -> None:
-    """The engine process: build the LLM, say it is ready (or why not), and run the core until told to stop."""
+    """The engine process: build the LLM, say it is ready (or why not), and run the core until told to stop.
+    Ctrl-C in a terminal reaches every process of its group: this one leaves it to the server, whose shutdown
+    stops the engine in order (as vLLM's engine core does)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         llm = factory()
     except BaseException as e:
