@@ -1,6 +1,6 @@
 """Prometheus metrics under vLLM's names (label `model_name`), so vLLM's dashboards and scrapers work unchanged.
 
-Request latencies are observed on the event loop from the engine thread's step timestamps: TTFT from arrival
+Request latencies are observed on the event loop from the engine's step timestamps: TTFT from arrival
 to the first token, inter-token latency per output chunk (a speculative step may bring several tokens), TPOT per
 request (excluding the first token), end to end at the finish. The engine's own counters and pool state are read
 from the snapshot the engine takes (`EngineLoop.metrics`), never from the engine itself. Names vLLM does

@@ -1,6 +1,6 @@
 """OpenAI requests -> engine requests, and engine outputs -> OpenAI responses and stream chunks (vLLM's formats).
 
-Prompts are tokenized here, on the HTTP side, so the engine thread spends no time on them: a text prompt as the
+Prompts are tokenized here, on the HTTP side, so the engine spends no time on them: a text prompt as the
 engine would (`tokenizer.encode`), a conversation through the model's chat template (`jaxspec.chat`). The engine
 streams DELTA outputs for every request (the latency metrics need each step's tokens); a non-streaming response
 is their concatenation. Choice indices follow vLLM: prompt_index * n + sample index.
