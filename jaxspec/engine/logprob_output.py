@@ -7,8 +7,9 @@ engine's max_logprobs). Prefill's `out` may hold one more row per flat prompt to
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,6 +29,14 @@ def split_prefill(out: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray | 
     if out.shape[1] == 2:
         return out, None, None
     return out[:rows, :2], out[:rows, 2:], out[rows:, 2:] if out.shape[0] > rows else None
+
+
+def token_text(tokenizer: Any | None) -> Callable[[int], str] | None:
+    """A logprob's decoded_token: one token's text, decoded once per token id (a request's logprobs name (1 + N)
+    tokens per position, mostly the same few thousand); None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    return functools.lru_cache(maxsize=None)(lambda t: tokenizer.decode([t]))
 
 
 def position_logprobs(tokens: list[int], rows: np.ndarray, num: int,

@@ -18,7 +18,6 @@ all of them once every sample is done, CUMULATIVE all of them at each output, DE
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Callable
 
@@ -38,10 +37,7 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.detokenizer = None if tokenizer is None else Detokenizer(tokenizer)
-        # a logprob's decoded_token: one token's text, decoded once per token id (a request's logprobs name
-        # (1 + N) tokens per position, mostly the same few thousand)
-        self._token_text_of = None if tokenizer is None else functools.lru_cache(maxsize=None)(
-            lambda t: tokenizer.decode([t]))
+        self._token_text_of = logprob_output.token_text(tokenizer)
 
     def _has_text(self, seq: Sequence) -> bool:
         return self.tokenizer is not None and seq.params.detokenize

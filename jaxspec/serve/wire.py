@@ -15,13 +15,11 @@ stop checks need it.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jaxspec.engine.detokenizer import Detokenizer, pending_text
-from jaxspec.engine.logprob_output import FlatLogprobs
+from jaxspec.engine.logprob_output import FlatLogprobs, token_text
 from jaxspec.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxspec.sampling_params import SamplingParams
 
@@ -76,8 +74,7 @@ class Decoder:
     def __init__(self, tokenizer: Any | None):
         self.tokenizer = tokenizer
         self._prompts: dict[str, tuple[str | None, list[int]]] = {}
-        self._token_text: Callable[[int], str] | None = None if tokenizer is None else functools.lru_cache(
-            maxsize=None)(lambda t: tokenizer.decode([t]))
+        self._token_text = token_text(tokenizer)
         self._detokenizer = None if tokenizer is None else Detokenizer(tokenizer)
         self._texts: dict[str, tuple[SamplingParams, dict[int, _Text]]] = {}  # requests whose text is made here
 
