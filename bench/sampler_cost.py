@@ -12,6 +12,7 @@ rows, presence penalty on, counts from a random history. Writes JSON with --outp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -42,8 +43,7 @@ def inputs(B: int, T: int, V: int, seed: int = 0):
     history = rng.integers(0, V, (B + 1, 300))
     counts = np.zeros((B + 1, V), np.int32)
     np.add.at(counts, (np.arange(B + 1)[:, None], history), 1)
-    state = processors.ProcessorState(jnp.asarray(counts), state.prompt_mask, state.bias, state.stop_mask,
-                                      state.bad_words, state.history)
+    state = dataclasses.replace(state, counts=jnp.asarray(counts))
     packed = jnp.asarray(sampler.pack_params([0.0] * B, [0] * B, [1.0] * B, list(range(B)),
                                              presence_penalty=[0.5] * B, repetition_penalty=[1.0] * B,
                                              prompt_len=[100] * B, extended=[1] * B))

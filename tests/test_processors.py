@@ -73,7 +73,9 @@ def make_rows(c, rows: int, prompt=PROMPT, output=OUTPUT, words: int = 4, length
         history[i % processors.HISTORY] = t
     one = processors.ProcessorState(
         counts=np.bincount(output, minlength=V).astype(np.int32), prompt_mask=np.isin(np.arange(V), prompt),
-        bias=bias, stop_mask=np.isin(np.arange(V), c.get("stop_ids", [])), bad_words=bad, history=history)
+        bias=bias, stop_mask=np.isin(np.arange(V), c.get("stop_ids", [])), bad_words=bad, history=history,
+        num_allowed=np.int32(np.isfinite(bias).sum()),
+        num_allowed_stops=np.int32(np.isfinite(bias[c.get("stop_ids", [])]).sum()))
     return jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a), (rows,) + a.shape), one)
 
 
@@ -190,17 +192,15 @@ def test_negative_controls_fail(wrong):
     assert min(lossless_pvalues(c, tokens, n_acc, drafts)) < ALPHA
 
 
-@pytest.mark.parametrize("name", list(PROCESSORS))
-def test_apply_matches_oracle_at_every_position(name):
-    """Processed logits at each of 4 verify positions (k = 3) for random drafts equal the oracle's for that
-    history: bans exact, values to fp32 rounding."""
-    c = PROCESSORS[name]
-    rng = np.random.default_rng(3)
-    B, k = 64, 3
+def apply_and_oracle(c, seed: int, fixed: list, B: int = 64, k: int = 3):
+    """Checks processors.apply against the oracle (raw logits where the oracle leaves nothing) at each of k + 1
+    verify positions, for random drafts with some rows fixed ([(first row, last row, drafts)]); returns the
+    oracle's logits and its empty positions."""
+    rng = np.random.default_rng(seed)
     logits = rng.normal(size=(B, k + 1, V)).astype(np.float32) * 2
     drafts = rng.integers(0, V, (B, k))
-    drafts[:8] = [5, 1, 0]  # bad words' prefixes and repeats inside the drafts
-    drafts[8:16] = [2, 2, 0]
+    for first, last, fixed_drafts in fixed:
+        drafts[first:last] = fixed_drafts
     inputs = np.concatenate([np.full((B, 1), OUTPUT[-1]), drafts], axis=1).astype(np.int32)
     q0 = len(PROMPT) + len(OUTPUT) - 1
     params = processors.Params.unpack(packed_params(c, np.zeros(B)))
@@ -208,28 +208,72 @@ def test_apply_matches_oracle_at_every_position(name):
                                                make_rows(c, B), params))
     want = np.array([[ref_logits(logits[b, j], PROMPT, OUTPUT + drafts[b, :j].tolist(), c) for j in range(k + 1)]
                      for b in range(B)])
+    empty = ~np.isfinite(want).any(axis=-1)
+    want[empty] = logits[empty]
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6 * np.abs(want[finite]).max())
-    assert (~finite).any() or name not in ("bad_words", "allowed", "min_tokens")  # the bans did happen
+    return want, empty
 
 
-@pytest.mark.parametrize("V, num", [(1000, 20), (49152 // 8, 5), (300, 20), (100, 7), (20, 20)])
+@pytest.mark.parametrize("name", list(PROCESSORS))
+def test_apply_matches_oracle_at_every_position(name):
+    """Processed logits at each of 4 verify positions (k = 3) for random drafts equal the oracle's for that
+    history: bans exact, values to fp32 rounding."""
+    # bad words' prefixes and repeats inside the drafts
+    want, empty = apply_and_oracle(PROCESSORS[name], 3, [(0, 8, [5, 1, 0]), (8, 16, [2, 2, 0])])
+    assert not empty.any()
+    assert (~np.isfinite(want)).any() or name not in ("bad_words", "allowed", "min_tokens")  # the bans did happen
+
+
+EMPTYING = {  # allowed tokens that the bans can exhaust (output 3 long: positions 0 and 1 below min_tokens)
+    "never_empty": dict(allowed=[1, 4, 5], min_tokens=5, stop_ids=[1], bad_words=[[4], [4], [2]]),
+    "empty_while_short": dict(allowed=[1, 4], min_tokens=5, stop_ids=[1], bad_words=[[4], [4], [2, 1]]),
+    "empty_after_a_draft": dict(allowed=[0, 3], bad_words=[[5, 0], [5, 3], [2, 0]]),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTYING))
+def test_apply_leaves_a_position_with_nothing_allowed_unprocessed(name):
+    """Where allowed_token_ids, min_tokens and bad words together ban every token, the position gets the raw
+    logits; elsewhere the oracle's. The count of what is left is made from small arrays, so repeated and
+    redundant bans (a word banning a token already banned, or one outside the allowed set) must not count."""
+    _, empty = apply_and_oracle(EMPTYING[name], 5, [(0, 16, [5, 2, 5])], B=48)  # the two-token words' prefixes
+    assert empty.any() == (name != "never_empty") and not empty.all()
+
+
+@pytest.mark.parametrize("V, num", [(49152, 20), (40000, 7), (6144, 5), (1100, 20), (1000, 20), (20, 20)])
 def test_top_n_equals_lax_top_k(V, num):
-    """Blocks-of-maxima top-N against the full top_k: same values and, with no ties, the same ids; a vocabulary
-    that is not a multiple of the block, and more blocks wanted than exist."""
+    """Blocks-of-maxima top-N against the full top_k: same values and, with no ties, the same ids; block maxima
+    chosen by the same rule (SmolLM2's vocabulary), a vocabulary that is not a multiple of the block, one narrow
+    enough for a single top_k."""
     x = jnp.asarray(np.random.default_rng(V).normal(0, 4, (3, 4, V)), jnp.float32)
     (want_v, want_i), (got_v, got_i) = jax.lax.top_k(x, num), processors.top_n(x, num)
     np.testing.assert_array_equal(got_v, want_v)
     np.testing.assert_array_equal(got_i, want_i)
 
 
-def test_top_n_of_rows_that_are_mostly_minus_infinity():
+@pytest.mark.parametrize("V", [1000, 40001])
+def test_top_n_of_rows_that_are_mostly_minus_infinity(V):
     """Fewer finite values than N (a filtered distribution): those first, then -inf at ids inside the vocabulary
     (the padding of the last block is never chosen)."""
-    x = np.full((2, 1000), -np.inf, np.float32)
-    x[:, [3, 999, 500]] = [1.0, 2.0, 3.0]
+    x = np.full((2, V), -np.inf, np.float32)
+    x[:, [3, V - 1, 500]] = [1.0, 2.0, 3.0]
     values, ids = processors.top_n(jnp.asarray(x), 20)
     np.testing.assert_array_equal(values[:, :3], [[3.0, 2.0, 1.0]] * 2)
-    np.testing.assert_array_equal(ids[:, :3], [[500, 999, 3]] * 2)
-    assert np.all(np.asarray(values[:, 3:]) == -np.inf) and 0 <= int(ids.min()) and int(ids.max()) < 1000
+    np.testing.assert_array_equal(ids[:, :3], [[500, V - 1, 3]] * 2)
+    assert np.all(np.asarray(values[:, 3:]) == -np.inf) and 0 <= int(ids.min()) and int(ids.max()) < V
+
+
+@pytest.mark.parametrize("V", [1000, 256, 77])
+def test_greedy_from_blocks_equals_argmax(V):
+    """The argmax from block maxima is jnp.argmax's, the first id among ties included (ties inside a block, across
+    blocks, and a row all -inf); the block maxima are those of the padded blocks."""
+    rng = np.random.default_rng(V)
+    x = rng.integers(-3, 4, (5, 3, V)).astype(np.float32)  # many ties
+    x[0, 0] = -np.inf
+    x[1, 1, [V - 1, V // 2]] = 9.0
+    ids, block_max = processors.greedy_from_blocks(jnp.asarray(x))
+    np.testing.assert_array_equal(ids, np.argmax(x, axis=-1))
+    padded = np.pad(x, [(0, 0), (0, 0), (0, (-V) % processors.BLOCK)], constant_values=-np.inf)
+    np.testing.assert_array_equal(block_max, padded.reshape(5, 3, -1, processors.BLOCK).max(-1))

@@ -18,18 +18,27 @@ distribution plain decoding would sample there, and the output distribution stay
 Logprobs are log-softmax of that final distribution: for greedy rows the processed logits' log_softmax (what
 transformers' log_softmax of the same logits gives), for random rows the log of the distribution sampled from.
 
+A position where the bans leave no token at all (allowed_token_ids all banned by bad words or min_tokens) gets the
+unprocessed logits. Whether one does is worked out from small arrays before the pass over the vocabulary (a row's
+number of allowed tokens and of allowed stop tokens, counted at admission, against the distinct allowed tokens
+its matched bad words ban), so no reduction over [B, T, V] is spent on a case that almost never happens.
+
 Cost: one fused elementwise pass for steps 1 and 2 (the count at position j is the slot's committed count plus
 one compare per earlier draft), then one scatter of the bad words' bans. Bad words compare a window of the
-recent history (a per-slot ring of HISTORY tokens, committed on device) with each word: [B, k+1, W, L].
+recent history (a per-slot ring of HISTORY tokens, committed on device) with each word: [B, k+1, W, L]. The
+consumers (the greedy argmax, the logprobs' logsumexp, rank and top-N) read the result in two passes: block
+maxima (the row max, the argmax's block and top-N's blocks come from them), then the sum of exponentials and
+the rank together.
 
 Device state per slot (ProcessorState, in step.SlotState; memory (S+1) * V * 10 bytes): output counts and the
-prompt's token mask (set in prefill, counted in every extended commit), the bias row and the min_tokens stop
-mask (set at admission by `admit`), the bad words, the recent-token ring. None of it goes to the host.
+prompt's token mask (set in prefill, counted in every extended commit), the bias row, the min_tokens stop mask
+and their allowed counts (set at admission by `admit`), the bad words, the recent-token ring. None of it goes to
+the host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import NamedTuple
 
@@ -46,7 +55,8 @@ _BEFORE_OUTPUT = -2  # history entries that are prompt (or before it): no bad wo
 
 
 @partial(jax.tree_util.register_dataclass,
-         data_fields=["counts", "prompt_mask", "bias", "stop_mask", "bad_words", "history"], meta_fields=[])
+         data_fields=["counts", "prompt_mask", "bias", "stop_mask", "bad_words", "history", "num_allowed",
+                      "num_allowed_stops"], meta_fields=[])
 @dataclass
 class ProcessorState:
     """Per slot (S + 1 rows, the last absorbs padding rows' writes); a request's rows are reset at admission."""
@@ -56,6 +66,8 @@ class ProcessorState:
     stop_mask: jax.Array  # [S+1, V] bool: EOS and stop_token_ids (banned below min_tokens)
     bad_words: jax.Array  # [S+1, W, L] int32: each right-aligned, prefix -1 = any, last token -1 = no word
     history: jax.Array  # [S+1, HISTORY] int32: the token at position p in column p % HISTORY
+    num_allowed: jax.Array  # [S+1] int32: tokens whose bias is finite (V without allowed_token_ids)
+    num_allowed_stops: jax.Array  # [S+1] int32: of those, the ones in stop_mask
 
     @classmethod
     def init(cls, num_slots: int, vocab_size: int) -> "ProcessorState":
@@ -63,7 +75,8 @@ class ProcessorState:
         return cls(counts=jnp.zeros((S1, V), jnp.int32), prompt_mask=jnp.zeros((S1, V), bool),
                    bias=jnp.zeros((S1, V), jnp.float32), stop_mask=jnp.zeros((S1, V), bool),
                    bad_words=jnp.full((S1, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, jnp.int32),
-                   history=jnp.zeros((S1, HISTORY), jnp.int32))
+                   history=jnp.zeros((S1, HISTORY), jnp.int32), num_allowed=jnp.full((S1,), V, jnp.int32),
+                   num_allowed_stops=jnp.zeros((S1,), jnp.int32))
 
     def rows(self, slots: jax.Array) -> "ProcessorState":
         """The rows of these slots [B] (a ProcessorState of B rows)."""
@@ -98,10 +111,13 @@ def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorSt
     (inputs[:, 0] at position q0 [B]; its count and history are already in `rows`, the rest are drafts)."""
     B, T, V = logits.shape
     raw = logits.astype(jnp.float32)
-    x = raw + rows.bias[:, None]
     out_index = q0[:, None] + 1 + jnp.arange(T) - p.prompt_len[:, None]  # [B, T]: output index of each token
-    too_short = (out_index < p.min_tokens[:, None])[..., None] & rows.stop_mask[:, None]
-    x = jnp.where(too_short, -jnp.inf, x)
+    short = out_index < p.min_tokens[:, None]  # [B, T]: EOS and the stop ids are banned here
+    banned, match = _bad_word_bans(inputs, q0, rows, p.prompt_len)  # [B, T, W]
+    # a stale slot's state never reaches a plain row; a position the bans would leave empty is unprocessed
+    keep = p.extended[:, None] & ~_nothing_left(rows, short, banned, match)  # [B, T]
+    x = raw + rows.bias[:, None]
+    x = jnp.where(short[..., None] & rows.stop_mask[:, None], -jnp.inf, x)
     # output counts at position j: the committed counts plus the drafts before j (inputs[:, 1 + i], i < j), one
     # elementwise term per draft so that XLA fuses the whole pass (no [B, T, V] scatter)
     vocab = jnp.arange(V, dtype=jnp.int32)
@@ -111,15 +127,17 @@ def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorSt
         count = count + ((inputs[:, 1 + i, None, None] == vocab) & later).astype(jnp.int32)
     seen = rows.prompt_mask[:, None] | (count > 0)
     pb = jax.tree.map(lambda a: a[:, None, None], p)  # [B, 1, 1]
-    out = _penalize(x, count, seen, pb)
-    out = _ban_bad_words(out, inputs, q0, rows, p.prompt_len)  # after the penalties: -inf stays -inf under each
-    out = jnp.where(p.extended[:, None, None], out, raw)  # a stale slot's state never reaches a plain row
-    return jnp.where(jnp.max(out, axis=-1, keepdims=True) > -jnp.inf, out, raw)  # nothing left: unprocessed
+    out = jnp.where(keep[..., None], _penalize(x, count, seen, pb), raw)
+    # the bans last (-inf stays -inf under each step), as a scatter into the pass's output: [B, T, W] updates
+    b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
+    return out.at[b, t, banned].min(jnp.where(match & keep[..., None], -jnp.inf, jnp.inf))
 
 
-def _ban_bad_words(x: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorState,
-                   prompt_len: jax.Array) -> jax.Array:
-    B, T, V = x.shape
+def _bad_word_bans(inputs: jax.Array, q0: jax.Array, rows: ProcessorState,
+                   prompt_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each bad word's last token [B, T, W] (0 where there is no word) and whether the word bans it at each
+    position [B, T, W]: its other tokens end the history there."""
+    T = inputs.shape[1]
     L = rows.bad_words.shape[-1]
     # tokens at positions q0-L+2 .. q0 from the ring, then the drafts: position j's prefix is window[:, j:j+L-1]
     pos = q0[:, None] + jnp.arange(-(L - 2), 1)  # [B, L-1]
@@ -127,10 +145,23 @@ def _ban_bad_words(x: jax.Array, inputs: jax.Array, q0: jax.Array, rows: Process
     past = jnp.where(pos >= prompt_len[:, None], past, _BEFORE_OUTPUT)
     window = jnp.concatenate([past, inputs[:, 1:]], axis=1)  # [B, L-1 + T-1]
     prefixes = jnp.stack([window[:, j:j + L - 1] for j in range(T)], axis=1)  # [B, T, L-1]
-    word_prefix, banned = rows.bad_words[:, None, :, :-1], rows.bad_words[:, None, :, -1]  # [B,1,W,L-1], [B,1,W]
-    match = jnp.all((word_prefix == -1) | (word_prefix == prefixes[:, :, None]), axis=-1) & (banned >= 0)
-    b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
-    return x.at[b, t, jnp.maximum(banned, 0)].min(jnp.where(match, -jnp.inf, jnp.inf))  # [B, T, W] bans
+    word_prefix, last = rows.bad_words[:, None, :, :-1], rows.bad_words[:, None, :, -1]  # [B,1,W,L-1], [B,1,W]
+    match = jnp.all((word_prefix == -1) | (word_prefix == prefixes[:, :, None]), axis=-1) & (last >= 0)
+    return jnp.broadcast_to(jnp.maximum(last, 0), match.shape), match
+
+
+def _nothing_left(rows: ProcessorState, short: jax.Array, banned: jax.Array, match: jax.Array) -> jax.Array:
+    """[B, T]: the bans leave no token. A token survives step 1 iff its bias is finite, it is not a stop token
+    while the output is short, and no matched bad word bans it: count those from the admission-time counts and
+    the distinct allowed tokens that the matched words ban beyond the stops (W x W compares, no pass over V)."""
+    B, T, W = banned.shape
+    at = lambda row: jnp.take_along_axis(row, banned.reshape(B, -1), axis=1).reshape(B, T, W)  # noqa: E731
+    new = match & (at(rows.bias) > -jnp.inf) & ~(short[..., None] & at(rows.stop_mask))
+    earlier = jnp.arange(W)[None, :] < jnp.arange(W)[:, None]  # [w, w']: w' comes before w
+    repeat = jnp.any(new[..., None, :] & (banned[..., :, None] == banned[..., None, :]) & earlier, axis=-1)
+    left = (rows.num_allowed[:, None] - jnp.where(short, rows.num_allowed_stops[:, None], 0)
+            - jnp.sum(new & ~repeat, axis=-1, dtype=jnp.int32))
+    return left <= 0
 
 
 def distribution_scores(processed: jax.Array, probs: jax.Array, temperature: jax.Array) -> jax.Array:
@@ -143,40 +174,83 @@ def distribution_scores(processed: jax.Array, probs: jax.Array, temperature: jax
     return jnp.where(kept, processed / t, -jnp.inf)
 
 
-def pack_logprobs(scores: jax.Array, tokens: jax.Array, num: int) -> jax.Array:
+def pack_logprobs(scores: jax.Array, tokens: jax.Array, num: int, block_max: jax.Array | None = None) -> jax.Array:
     """[B, T, 2 + 2 num] int32 for tokens [B, T] (-1: none) under log_softmax(scores [B, T, V]): per position the
     token's logprob (fp32 bits) and rank (1 = most likely; ties count), then the top `num` logprobs (fp32 bits)
     and their ids (host: logprob_output.py). Rank and top-N are taken on the scores (the log-softmax only
-    subtracts a per-row constant), so the [B, T, V] log-softmax is never written out: one logsumexp per row."""
-    lse = jax.nn.logsumexp(scores, axis=-1, keepdims=True)  # [B, T, 1]
+    subtracts a per-row constant), so the [B, T, V] log-softmax is never written out: the row max comes from the
+    block maxima (`block_max`, computed here unless the caller has them) and one pass sums the exponentials and
+    counts the rank."""
+    if block_max is None:
+        block_max = jnp.max(_blocks(scores), axis=-1)
+    top = jnp.max(block_max, axis=-1, keepdims=True)  # [B, T, 1]
+    top = jnp.where(top > -jnp.inf, top, 0.0)  # no finite score (never for a distribution): lse -inf
     token_score = jnp.take_along_axis(scores, jnp.maximum(tokens, 0)[..., None], axis=-1)  # [B, T, 1]
-    rank = jnp.sum(scores >= token_score, axis=-1, keepdims=True, dtype=jnp.int32)
+    # one variadic reduction: the sum of exponentials and the rank's count in the same pass over the scores
+    total, rank = jax.lax.reduce((jnp.exp(scores - top), (scores >= token_score).astype(jnp.int32)),
+                                 (jnp.float32(0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                                 (scores.ndim - 1,))
+    lse, rank = top + jnp.log(total)[..., None], rank[..., None]  # [B, T, 1]
     bits = partial(jax.lax.bitcast_convert_type, new_dtype=jnp.int32)
     cols = [bits(token_score - lse), rank]
     if num:
         # XLA:CPU's top_k is a fast selection (5x quicker than top_n there); XLA:GPU's is not (top_n's docstring)
-        top, ids = top_n(scores, num) if jax.default_backend() == "gpu" else jax.lax.top_k(scores, num)
-        cols += [bits(top - lse), ids.astype(jnp.int32)]
+        values, ids = (top_n(scores, num, block_max) if jax.default_backend() == "gpu"
+                       else jax.lax.top_k(scores, num))
+        cols += [bits(values - lse), ids.astype(jnp.int32)]
     return jnp.concatenate(cols, axis=-1)
 
 
-def top_n(x: jax.Array, num: int, block: int = 128) -> tuple[jax.Array, jax.Array]:
-    """`jax.lax.top_k(x, num)` over the last axis, exact in values, from a fraction of the candidates: the top
-    `num` elements lie in the `num` blocks of `block` consecutive ids with the largest maxima (a block holding one
-    of them has a maximum at least as large as it), so one max-reduction picks those blocks and top_k runs on
-    num * block candidates instead of V (the full-vocabulary top_k costs 1.7 ms for 384 rows x 49,152 at num = 20
-    on the H200, bench/sampler_cost.py). Among tied values the ids may differ from top_k's. Ids are int32 < V."""
+# ids per block of the block maxima (greedy_from_blocks, top_n), and the widest top_k top_n runs: with num = 20
+# (the engine's max_logprobs) every selection stays at most 20 x 32 = 640 wide
+BLOCK, SELECT_WIDTH = 32, 1024
+
+
+def _blocks(x: jax.Array) -> jax.Array:
+    """[..., V] -> [..., ceil(V / BLOCK), BLOCK], padded with -inf."""
     *lead, V = x.shape
-    pad = (-V) % block
-    blocks = jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)], constant_values=-jnp.inf).reshape(*lead, -1, block)
-    num_blocks = min(num, blocks.shape[-2])
-    _, chosen = jax.lax.top_k(jnp.max(blocks, axis=-1), num_blocks)  # [..., num_blocks]
-    candidates = jnp.take_along_axis(blocks, chosen[..., None], axis=-2).reshape(*lead, -1)
-    ids = (chosen[..., None] * block + jnp.arange(block)).reshape(*lead, -1)  # [..., num_blocks * block]
-    # order-preserving int keys, padding below every float (-inf included), so a padded id is never chosen
-    key = jax.lax.bitcast_convert_type(candidates, jnp.int32)
-    key = jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key)
-    key = jnp.where(ids < V, key, jnp.iinfo(jnp.int32).min)
+    pad = [(0, 0)] * len(lead) + [(0, (-V) % BLOCK)]
+    return jnp.pad(x, pad, constant_values=-jnp.inf).reshape(*lead, -1, BLOCK)
+
+
+def _order_key(x: jax.Array) -> jax.Array:
+    """fp32 -> int32 keys in the same order (-inf included), so that padding can sit below every float."""
+    key = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key)
+
+
+def greedy_from_blocks(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(argmax of x [..., V] over the last axis, int32, the first id among ties as jnp.argmax; the block maxima
+    [..., ceil(V / BLOCK)]), from one plain max-reduction over x: the first block holding the row max is the
+    argmax's, and the argmax inside it reads only that block."""
+    blocks = _blocks(x)
+    block_max = jnp.max(blocks, axis=-1)
+    best = jnp.argmax(block_max, axis=-1)[..., None]  # [..., 1]
+    inside = jnp.argmax(jnp.take_along_axis(blocks, best[..., None], axis=-2)[..., 0, :], axis=-1)  # [...]
+    return (best[..., 0] * BLOCK + inside).astype(jnp.int32), block_max
+
+
+def top_n(x: jax.Array, num: int, block_max: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k(x, num)` over the last axis, exact in values, from a fraction of the candidates: the top
+    `num` elements lie in the `num` blocks of BLOCK consecutive ids with the largest maxima (a block holding one
+    of them has a maximum at least as large as it), so the block maxima (`block_max`, computed unless given) pick
+    those blocks, by the same rule applied to them while they are wider than SELECT_WIDTH, and top_k runs on
+    num * BLOCK candidates instead of V. XLA:GPU's top_k sorts each row, and rows wider than about a thousand
+    keys sort much slower (the full-vocabulary top_k costs 1.7 ms for 384 rows x 49,152 at num = 20 on the H200,
+    bench/sampler_cost.py; with blocks of 128, the 2,560-wide second selection took 64 us of the verify step,
+    against 30 us for all of this one's). Among tied values the ids may differ from top_k's. Ids are int32 < V."""
+    V = x.shape[-1]
+    if V <= SELECT_WIDTH:
+        _, ids = jax.lax.top_k(_order_key(x), min(num, V))
+        return jnp.take_along_axis(x, ids, axis=-1), ids.astype(jnp.int32)
+    blocks = _blocks(x)
+    if block_max is None:
+        block_max = jnp.max(blocks, axis=-1)
+    _, chosen = top_n(block_max, min(num, blocks.shape[-2]))  # [..., num blocks]
+    candidates = jnp.take_along_axis(blocks, chosen[..., None], axis=-2).reshape(*x.shape[:-1], -1)
+    ids = (chosen[..., None] * BLOCK + jnp.arange(BLOCK)).reshape(*x.shape[:-1], -1)  # [..., num * BLOCK]
+    # padding below every float (-inf included), so a padded id is never chosen
+    key = jnp.where(ids < V, _order_key(candidates), jnp.iinfo(jnp.int32).min)
     _, at = jax.lax.top_k(key, num)
     return jnp.take_along_axis(candidates, at, axis=-1), jnp.take_along_axis(ids, at, axis=-1).astype(jnp.int32)
 
@@ -193,15 +267,12 @@ def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.A
     p = Params.unpack(packed)
     processed = logits.astype(jnp.float32) if rows is None else apply(logits, inputs, q0, rows, p)
     if all_greedy:
-        tokens, n_acc = sampler.rejection_sample(processed, inputs[:, 1:], num_valid, temperature, top_k, top_p,
-                                                 seeds, q0 + 1, all_greedy=True)
-        scores = processed  # distribution_scores of greedy rows
-    else:
-        probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered,
-                                     None if rows is None else p.min_p)
-        tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
-        scores = distribution_scores(processed, probs, temperature)
-    return tokens, n_acc, pack_logprobs(scores, tokens, num_logprobs)
+        target, block_max = greedy_from_blocks(processed)  # the logprobs' pass reuses the block maxima
+        tokens, n_acc = sampler.greedy_accept(target, inputs[:, 1:], num_valid)
+        return tokens, n_acc, pack_logprobs(processed, tokens, num_logprobs, block_max)  # greedy rows' scores
+    probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, None if rows is None else p.min_p)
+    tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
+    return tokens, n_acc, pack_logprobs(distribution_scores(processed, probs, temperature), tokens, num_logprobs)
 
 
 def count_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, positions: jax.Array,
@@ -211,7 +282,7 @@ def count_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, pos
     counts = state.counts.at[s, jnp.maximum(tokens, 0)].add(live.astype(jnp.int32))
     column = jnp.where(live, positions % HISTORY, HISTORY)  # out of range: dropped
     history = state.history.at[s, column].set(tokens, mode="drop")
-    return ProcessorState(counts, state.prompt_mask, state.bias, state.stop_mask, state.bad_words, history)
+    return replace(state, counts=counts, history=history)
 
 
 def prefill_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, positions: jax.Array,
@@ -225,7 +296,7 @@ def prefill_tokens(state: ProcessorState, slots: jax.Array, tokens: jax.Array, p
     counts = state.counts.at[slots, tokens].add((~is_prompt).astype(jnp.int32))
     column = jnp.where(recent, positions % HISTORY, HISTORY)
     history = state.history.at[slots, column].set(tokens, mode="drop")
-    return ProcessorState(counts, prompt_mask, state.bias, state.stop_mask, state.bad_words, history)
+    return replace(state, counts=counts, prompt_mask=prompt_mask, history=history)
 
 
 def admit(state: ProcessorState, slots: jax.Array, mask_from: jax.Array, bias: jax.Array, stop_mask: jax.Array,
@@ -235,6 +306,10 @@ def admit(state: ProcessorState, slots: jax.Array, mask_from: jax.Array, bias: j
     sample's leader, whose prompt is prefilled; the spare row num_slots: none)."""
     spare = state.counts.shape[0] - 1
     shared = jnp.where((mask_from < spare)[:, None], state.prompt_mask[mask_from], False)
-    return ProcessorState(state.counts.at[slots].set(0), state.prompt_mask.at[slots].set(shared),
-                          state.bias.at[slots].set(bias), state.stop_mask.at[slots].set(stop_mask),
-                          state.bad_words.at[slots].set(bad_words), state.history)
+    allowed = bias > -jnp.inf
+    return replace(state, counts=state.counts.at[slots].set(0), prompt_mask=state.prompt_mask.at[slots].set(shared),
+                   bias=state.bias.at[slots].set(bias), stop_mask=state.stop_mask.at[slots].set(stop_mask),
+                   bad_words=state.bad_words.at[slots].set(bad_words),
+                   num_allowed=state.num_allowed.at[slots].set(jnp.sum(allowed, axis=1, dtype=jnp.int32)),
+                   num_allowed_stops=state.num_allowed_stops.at[slots].set(
+                       jnp.sum(allowed & stop_mask, axis=1, dtype=jnp.int32)))

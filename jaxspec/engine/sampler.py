@@ -85,18 +85,22 @@ def rejection_sample(target_logits: jax.Array, drafts: jax.Array, num_valid: jax
     If every allowed draft is accepted, the bonus token is sampled from p at the next position.
     Greedy rows have p one-hot at the argmax, so the same rule accepts iff draft == argmax and emits the argmax.
     """
-    B, K1, V = target_logits.shape
-    k = K1 - 1
     if not all_greedy:
         probs = filter_probs(target_logits, temperature, top_k, top_p, filtered)  # [B, k+1, V]
         return accept(probs, drafts, num_valid, seeds, positions)
+    return greedy_accept(greedy(target_logits), drafts, num_valid)
+
+
+def greedy_accept(target: jax.Array, drafts: jax.Array, num_valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`rejection_sample` of greedy rows from the target's argmax tokens [B, k+1]: a draft is accepted iff it is
+    the argmax; the first wrong draft is replaced by the argmax, or the bonus token is the last argmax."""
+    k = drafts.shape[1]
     num_valid = jnp.clip(num_valid, 0, k)
-    drafts = jnp.clip(drafts.astype(jnp.int32), 0, V - 1)  # padding drafts are never accepted (num_valid)
-    target = greedy(target_logits)  # [B, k+1]
+    drafts = drafts.astype(jnp.int32)  # padding drafts are never accepted (num_valid)
     accepted = (drafts == target[:, :k]) & (jnp.arange(k) < num_valid[:, None])  # [B, k]
     n_acc = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # leading run of accepts
     last = jnp.take_along_axis(target, n_acc[:, None], axis=1)[:, 0]
-    return _emit(drafts, n_acc, last), n_acc
+    return _emit(jnp.maximum(drafts, 0), n_acc, last), n_acc
 
 
 def accept(probs: jax.Array, drafts: jax.Array, num_valid: jax.Array, seeds: jax.Array,
