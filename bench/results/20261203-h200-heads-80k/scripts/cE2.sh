@@ -1,0 +1,23 @@
+# call E2 (a fresh machine lost call E's data): part 5, assemble, convert; the prompts E wrote, their greedy answers
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/site .whl/*.whl || exit 1
+export PYTHONPATH=/root/site:.
+cp .gpu/p5/m.xz.5 /root/w/ && mkdir -p weights/.cache/smollm2-135m-instruct /root/data /root/w/work/self80000-seed1/prompts $OUT && for f in train held_out; do xz -dc .gpu/prompts/$f.jsonl.xz > /root/w/work/self80000-seed1/prompts/$f.jsonl; done && cp .gpu/prompts/meta.json /root/w/work/self80000-seed1/prompts/
+cat /root/w/m.xz.1 /root/w/m.xz.2 /root/w/m.xz.3 /root/w/m.xz.4 /root/w/m.xz.5 | xz -d -T8 > weights/.cache/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+sha256sum weights/.cache/smollm2-135m-instruct/*.gguf
+for s in test train; do xz -dc .gpu/data/gsm8k_$s.jsonl.xz > /root/data/gsm8k_$s.jsonl; done
+wc -l /root/data/*.jsonl
+python3 -m jaxspec fetch 2>&1 | tail -1
+python3 -c "import jax, jax.numpy as jnp; x = jnp.ones((4096, 4096), jnp.bfloat16); print((x @ x).block_until_ready().shape)"
+echo "=== [t=$SECONDS] data"
+W=/root/w/work/self80000-seed1
+timeout $((592 - SECONDS)) python3 -m jaxspec train-eagle --model smollm2-135m-instruct --seq-len 512 --max-tokens 384 \
+  --gen-batch 1024 --seed 1 --dataset-cache $W/mix.npz --data-only --data self:80000 --data /root/data/gsm8k_train.jsonl \
+  --exclude /root/data/gsm8k_test.jsonl --exclude bench/prompts/general_chat.jsonl \
+  --exclude bench/results/20261201-h200-general-heads/held_out.jsonl --prompts-out $W/prompts \
+  --prompts-time-budget-s 130 --gen-time-budget-s 170 > $OUT/data.log 2>&1
+echo "rc $? t=$SECONDS"
+grep -v "it/s\]" $OUT/data.log | tail -25
+ls -l $W $W/prompts; cp $W/mix.npz $OUT/
+echo "done t=$SECONDS"
