@@ -8,8 +8,8 @@ Stages (SmolLM2-135M-Instruct on one H200; default --deadline-s 540):
    --prompts-budget-s), GSM8K test and bench/prompts/general_chat.jsonl excluded, 10 % held out; the train split
    and GSM8K train, deduplicated together, get the target's greedy answers (--answer-tokens) for what is left of
    the data share. Should it fail, it is retried once on GSM8K train alone.
-2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1, and EAGLE-3 with
-   --ttt-steps training-time-test steps and a --draft-vocab-token vocabulary; --time-budget-s is set so that the
+2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1 (unrolled for
+   --eagle-ttt-steps steps), and EAGLE-3 with --ttt-steps training-time-test steps and a --draft-vocab-token vocabulary; --time-budget-s is set so that the
    evaluation still fits (--train-startup-s before the loop, --eval-reserve-s after it). With --warm-start DIR
    each head fine-tunes the one of its name in DIR (train-eagle --init-from).
 3. evaluate, each head right after its training: bench/acceptance.py at k = --eval-k (the ones that matter first)
@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--ttt-steps", type=int, default=5, help="EAGLE-3 training-time-test steps (k = 5 needs 5)")
+    ap.add_argument("--eagle-ttt-steps", type=int, default=1,
+                    help="EAGLE-1 unrolled steps: 1 is the paper's recipe; more trains drafts 2.. on the head's own "
+                    "features, as they are made when drafting (HASS, EAGLE-3's training-time test)")
     ap.add_argument("--draft-vocab", type=int, default=8192, help="EAGLE-3 draft vocabulary")
     ap.add_argument("--warm-start", default="",
                     help="directory holding earlier heads (<dir>/<head name>/, e.g. weights): each head fine-tunes "
@@ -169,7 +172,8 @@ def lane(p: Pipeline, method: str) -> None:
     if budget < 20:
         return p.skip(f"train-{method}", f"{budget:.0f} s left for its loop")
     env = dict(p.env, XLA_PYTHON_CLIENT_MEM_FRACTION=a.mem_fraction) if a.mem_fraction else p.env
-    extra = ["--draft-vocab-size", str(a.draft_vocab), "--ttt-steps", str(a.ttt_steps)] if method == "eagle3" else []
+    extra = (["--draft-vocab-size", str(a.draft_vocab), "--ttt-steps", str(a.ttt_steps)] if method == "eagle3"
+             else ["--ttt-steps", str(a.eagle_ttt_steps)])
     init = Path(a.warm_start) / HEADS[method] if a.warm_start else None
     if init is not None and (init / "config.json").exists():
         extra += ["--init-from", str(init)]

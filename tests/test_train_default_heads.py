@@ -90,7 +90,7 @@ def test_pipeline_stages_budgets_and_summary(tmp_path, monkeypatch, capsys, fail
             budget = float(cmd[cmd.index("--time-budget-s") + 1])
             assert budget <= 540 - 120 - 35 and timeout == pytest.approx(budget + 35 + 30, abs=1)
             assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.45" and "JAX_COMPILATION_CACHE_DIR" in env
-            assert ("--ttt-steps" in cmd) == (name == "train-eagle3")
+            assert cmd[cmd.index("--ttt-steps") + 1] == ("5" if name == "train-eagle3" else "1")
             init = cmd[cmd.index("--init-from") + 1] if "--init-from" in cmd else None
             assert init == (str(tmp_path / "old" / tdh.HEADS["eagle"]) if name == "train-eagle" else None)
         if name.startswith("eval"):
