@@ -9,9 +9,10 @@ Stages (SmolLM2-135M-Instruct on one H200; default --deadline-s 540):
    and GSM8K train, deduplicated together, get the target's greedy answers (--answer-tokens) for what is left of
    the data share. Should it fail, it is retried once on GSM8K train alone.
 2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1 (unrolled for
-   --eagle-ttt-steps steps), and EAGLE-3 with --ttt-steps training-time-test steps and a --draft-vocab-token vocabulary; --time-budget-s is set so that the
-   evaluation still fits (--train-startup-s before the loop, --eval-reserve-s after it). With --warm-start DIR
-   each head fine-tunes the one of its name in DIR (train-eagle --init-from).
+   --eagle-ttt-steps steps), and EAGLE-3 with --ttt-steps training-time-test steps and a --draft-vocab-token
+   vocabulary; --time-budget-s is set so that the evaluation still fits (--train-startup-s before the loop,
+   --eval-reserve-s after it). With --warm-start DIR each head fine-tunes the one of its name in DIR
+   (train-eagle --init-from).
 3. evaluate, each head right after its training: bench/acceptance.py at k = --eval-k (the ones that matter first)
    on --eval-prompts prompts of the held-out split, of the human-written general_chat set and of GSM8K test,
    greedy, --eval-tokens tokens, scanned layers.
@@ -172,8 +173,9 @@ def lane(p: Pipeline, method: str) -> None:
     if budget < 20:
         return p.skip(f"train-{method}", f"{budget:.0f} s left for its loop")
     env = dict(p.env, XLA_PYTHON_CLIENT_MEM_FRACTION=a.mem_fraction) if a.mem_fraction else p.env
-    extra = (["--draft-vocab-size", str(a.draft_vocab), "--ttt-steps", str(a.ttt_steps)] if method == "eagle3"
-             else ["--ttt-steps", str(a.eagle_ttt_steps)])
+    extra = ["--ttt-steps", str(a.ttt_steps if method == "eagle3" else a.eagle_ttt_steps)]
+    if method == "eagle3":
+        extra += ["--draft-vocab-size", str(a.draft_vocab)]
     init = Path(a.warm_start) / HEADS[method] if a.warm_start else None
     if init is not None and (init / "config.json").exists():
         extra += ["--init-from", str(init)]
