@@ -548,6 +548,9 @@ def test_bench_serve_random_completions(served, tmp_path):
     for name in ("ttft", "tpot", "itl", "e2el"):
         assert all(f"{s}_{name}_ms" in result for s in ("mean", "median", "p90", "p99"))
     assert result["mean_acceptance_length"] is None  # no draft head
+    # the engine's timing over the run: 30 tokens, at most 4 requests a step, one token each
+    assert 8 <= result["engine_steps"] <= 40
+    assert 0 <= result["engine_host_wait_ms"] <= result["engine_step_ms"] and result["engine_emit_ms"] >= 0
     saved = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert saved["generated_texts"] == result["generated_texts"] and saved["command"]
     assert all(len(t) == 5 for t in result["generated_texts"])  # one character per token

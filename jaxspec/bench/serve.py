@@ -32,6 +32,11 @@ from jaxspec.bench import data, report
 
 PERCENTILES = (90, 99)  # with mean and median: what vLLM reports
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total")
+# a jaxspec server's engine timing (the run's deltas, per engine step): where TPOT goes
+ENGINE_COUNTERS = {"engine_steps": "jaxspec:engine_steps_total",
+                   "engine_step_ms": "jaxspec:engine_step_seconds_total",
+                   "engine_host_wait_ms": "jaxspec:engine_host_wait_seconds_total",
+                   "engine_emit_ms": "jaxspec:engine_emit_seconds_total"}
 
 
 @dataclass
@@ -163,8 +168,8 @@ async def _arrivals(n: int, rate: float, burstiness: float, seed: int):
 
 
 async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
-                    model: str) -> tuple[list[RequestResult], float, float | None]:
-    """(results, duration, mean acceptance length from the server's counters, if it has them)."""
+                    model: str) -> tuple[list[RequestResult], float, dict]:
+    """(results, duration, what the server's counters say of the run: mean acceptance length, engine timing)."""
     import httpx
     from tqdm.auto import tqdm
 
@@ -180,7 +185,7 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
         first = await send(client, url, headers, requests[0].body | sampling, time.perf_counter())
         if not first.success:
             raise RuntimeError(f"the first request failed: {first.error}")
-        before = await _spec_counters(client, args.base_url)
+        before = await _counters(client, args.base_url)
         bar = tqdm(total=len(requests), disable=args.disable_tqdm, desc="requests", dynamic_ncols=True)
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
         t0 = time.perf_counter()
@@ -199,8 +204,9 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         bar.close()
-        after = await _spec_counters(client, args.base_url)
-    return list(results), duration, acceptance_length(before, after)
+        after = await _counters(client, args.base_url)
+    return list(results), duration, {"mean_acceptance_length": acceptance_length(before, after),
+                                     **engine_timing(before, after)}
 
 
 def _headers(args: argparse.Namespace) -> dict:
@@ -240,6 +246,10 @@ def print_summary(m: dict) -> None:
             ["Total token throughput (tok/s)", round(m["total_token_throughput"], 1)]]
     if m.get("mean_acceptance_length") is not None:
         rows.append(["Mean acceptance length", round(m["mean_acceptance_length"], 3)])
+    if m.get("engine_steps"):
+        rows += [["Engine steps", int(m["engine_steps"])], ["Engine ms/step in step()", round(m["engine_step_ms"], 3)],
+                 ["Engine ms/step waiting for the device", round(m["engine_host_wait_ms"], 3)],
+                 ["Engine ms/step handing outputs on", round(m["engine_emit_ms"], 3)]]
     for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")):
         for stat in ("mean", "median", *(f"p{p}" for p in PERCENTILES)):
             rows.append([f"{stat.capitalize()} {label} (ms)", round(m[f"{stat}_{name}_ms"], 2)])
@@ -247,39 +257,54 @@ def print_summary(m: dict) -> None:
 
 
 def sweep_table(results: list[dict]) -> str:
-    """One row per run (e.g. per mode and rate of bench/serve_sweep.sh): latency percentiles and identity."""
+    """One row per run (e.g. per mode and rate of bench/serve_sweep.sh): latency percentiles, identity, and the
+    engine's steps and ms per step (in step() / of it waiting for the device / handing outputs on) when the
+    server reports them."""
     rows = []
     for r in results:
         same = r.get("compare")
+        engine = (f'{int(r["engine_steps"])}: {r["engine_step_ms"]:.2f} / {r["engine_host_wait_ms"]:.2f} / '
+                  f'{r["engine_emit_ms"]:.2f}' if r.get("engine_steps") else "-")
         rows.append([r.get("label") or r["model_id"], r["request_rate"], f'{r["completed"]}/{r["num_prompts"]}',
                      r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"],
                      r["p99_tpot_ms"], r["median_itl_ms"], r["mean_acceptance_length"],
-                     f'{same["identical"]}/{same["compared"]}' if same else "-"])
+                     f'{same["identical"]}/{same["compared"]}' if same else "-", engine])
     return report.markdown_table(["mode", "rate", "ok", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
-                                  "TPOT p99 ms", "ITL p50 ms", "accept len", "identical"], rows)
+                                  "TPOT p99 ms", "ITL p50 ms", "accept len", "identical",
+                                  "engine steps: ms/step in step / device wait / emit"], rows)
 
 
-async def _spec_counters(client, base_url: str) -> dict[str, float] | None:
-    """The server's spec-decode counters (vLLM's names), or None when it has none (or no /metrics)."""
+async def _counters(client, base_url: str) -> dict[str, float]:
+    """The server's counters this benchmark reads (spec decoding, vLLM's names; a jaxspec engine's timing), those
+    it has; none without /metrics."""
     try:
         text = (await client.get(base_url.rstrip("/") + "/metrics")).text
     except Exception:  # noqa: BLE001 - metrics are optional
-        return None
+        return {}
     values = {}
-    for name in SPEC_COUNTERS:
+    for name in (*SPEC_COUNTERS, *ENGINE_COUNTERS.values()):
         found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-        if not found:
-            return None
-        values[name] = sum(float(v) for v in found)
+        if found:
+            values[name] = sum(float(v) for v in found)
     return values
 
 
-def acceptance_length(before: dict | None, after: dict | None) -> float | None:
-    if not before or not after:
+def acceptance_length(before: dict, after: dict) -> float | None:
+    if not all(name in before and name in after for name in SPEC_COUNTERS):
         return None
     drafts = after[SPEC_COUNTERS[0]] - before[SPEC_COUNTERS[0]]
     accepted = after[SPEC_COUNTERS[1]] - before[SPEC_COUNTERS[1]]
     return 1 + accepted / drafts if drafts else None
+
+
+def engine_timing(before: dict, after: dict) -> dict[str, float]:
+    """The run's engine steps, and per step: ms inside step(), of which waiting for the device, and ms handing
+    outputs to the server (empty for a server without these counters)."""
+    if not all(name in before and name in after for name in ENGINE_COUNTERS.values()):
+        return {}
+    delta = {key: after[name] - before[name] for key, name in ENGINE_COUNTERS.items()}
+    steps = delta.pop("engine_steps")
+    return {"engine_steps": steps} | {key: 1e3 * v / steps if steps else 0.0 for key, v in delta.items()}
 
 
 def compare_texts(ours: list[str], theirs: list[str]) -> dict:
@@ -301,8 +326,8 @@ async def run_async(args: argparse.Namespace) -> dict:
     requests = load_requests(args)
     async with httpx.AsyncClient(timeout=30.0) as client:
         model = args.model or await _model_name(client, args)
-    results, duration, acceptance = await benchmark(args, requests, model)
-    metrics = summarize(results, duration) | {"mean_acceptance_length": acceptance}
+    results, duration, server = await benchmark(args, requests, model)
+    metrics = summarize(results, duration) | server
     result = {"date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
               "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]), "label": args.label,
               "base_url": args.base_url, "endpoint": args.endpoint, "model_id": model,

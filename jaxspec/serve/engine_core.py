@@ -3,8 +3,8 @@
 `LLMEngine` is not thread-safe, so one `EngineCore` runs it. Before each step it drains the commands queued for
 it (add, abort, stop); it steps while any request is unfinished and blocks for a command when none is. What it
 has to say goes through `emit`, as events: an add's acknowledgement, each step's outputs with their time, a
-snapshot of `LLM.get_metrics()` (every `snapshot_interval_s`, and whenever it goes idle) and the error that
-stopped it. Where events go (this process's event loop, or a pipe to the server's process) is the caller's
+snapshot of `LLM.get_metrics()` (every `snapshot_interval_s`, and whenever it goes idle; with `emit_s`, the time
+spent handing outputs on, which grows when the server cannot keep up) and the error that stopped it. Where events go (this process's event loop, or a pipe to the server's process) is the caller's
 business (jaxspec.serve.engine_loop, jaxspec.serve.engine_process).
 
 Adds are acknowledged: the core validates a batch of requests (`make_request` raises a ValueError naming the
@@ -40,7 +40,7 @@ class Stop:
 
 
 # Events, as tuples: ("ack", add_id, ValueError | None), ("outputs", [RequestOutput], perf_counter time),
-# ("metrics", LLM.get_metrics()), ("dead", "what stopped the engine").
+# ("metrics", LLM.get_metrics() | {"emit_s": ...}), ("dead", "what stopped the engine").
 Event = tuple
 
 
@@ -54,6 +54,7 @@ class EngineCore:
         self.snapshot_interval_s = snapshot_interval_s
         self._live: set[str] = set()  # added and not yet finished
         self._last_snapshot = 0.0
+        self._emit_s = 0.0  # in emit(outputs): encoding, and the pipe's back-pressure in a process of its own
 
     def run(self) -> None:
         """Step until told to stop; an exception (an engine bug) is logged and emitted as "dead"."""
@@ -65,6 +66,7 @@ class EngineCore:
                         now = time.perf_counter()
                         self._live.difference_update(o.request_id for o in outputs if o.finished)
                         self.emit(("outputs", outputs, now))
+                        self._emit_s += time.perf_counter() - now
                 self._snapshot(force=not self.engine.has_unfinished_requests())
             self._drain_for_stop()
         except BaseException as e:
@@ -114,5 +116,5 @@ class EngineCore:
     def _snapshot(self, force: bool) -> None:
         now = time.perf_counter()
         if force or now - self._last_snapshot >= self.snapshot_interval_s:
-            self.emit(("metrics", self.llm.get_metrics()))
+            self.emit(("metrics", self.llm.get_metrics() | {"emit_s": self._emit_s}))
             self._last_snapshot = now

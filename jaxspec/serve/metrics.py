@@ -53,6 +53,14 @@ class EngineCollector:
         yield gauge("jaxspec:num_kv_pages", "KV-cache pages in the pool.", m["num_pages"])
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                       m["num_preemptions"])
+        # where the engine's time goes (no vLLM names for these): steps, time inside step() and the part of it spent
+        # waiting for the device, and time handing outputs to the server
+        yield counter("jaxspec:engine_steps", "Engine steps run.", m["num_steps"])
+        yield counter("jaxspec:engine_step_seconds", "Time inside the engine's step().", m["wall_s"])
+        yield counter("jaxspec:engine_host_wait_seconds", "Time step() waited for the device's results.",
+                      m["host_wait_s"])
+        yield counter("jaxspec:engine_emit_seconds", "Time spent handing step outputs to the server.",
+                      m.get("emit_s", 0.0))
         if not m["accepted_per_position"]:  # no speculative decoding: vLLM has no spec_decode metrics then
             return
         yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", m["num_drafts"])

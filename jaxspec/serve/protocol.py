@@ -9,10 +9,18 @@ Fields the API does not know are ignored with a warning, as vLLM does.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+@functools.cache
+def _field_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field's default, made once per model: pydantic's get_default inspects a default factory's signature on
+    every call (~10 us a field, 0.6 ms a request, on the event loop that also feeds the streams)."""
+    return {name: info.get_default(call_default_factory=True) for name, info in model.model_fields.items()}
 
 
 class OpenAIBaseModel(BaseModel):
@@ -76,9 +84,8 @@ class SamplingRequest(OpenAIBaseModel):
 
     def _non_default(self, name: str) -> Any:
         """The field's value if it differs from its default, else None."""
-        value, info = getattr(self, name), type(self).model_fields[name]
-        default = info.get_default(call_default_factory=True)
-        return None if value is None or value == default else value
+        value = getattr(self, name)
+        return None if value is None or value == _field_defaults(type(self))[name] else value
 
     def sampling_values(self) -> dict[str, Any]:
         """The sampling fields set to something other than their default, under SamplingParams' names."""
