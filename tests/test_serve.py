@@ -448,11 +448,13 @@ def test_a_dead_engine_process_fails_its_requests_and_health(oracle):
         assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
 
 
-def test_the_events_reader_leaves_the_event_loop_its_turn():
-    """However many events wait in the pipe, one wake-up routes at most EVENTS_PER_WAKEUP of them, so that the
+def test_the_events_reader_leaves_the_event_loop_its_turn(monkeypatch):
+    """However many events wait in the pipe, one wake-up routes at most MAX_EVENTS_PER_WAKEUP of them, so that the
     streams' tasks run in between; the next wake-ups take the rest, in order."""
     from jaxspec.serve import engine_process
 
+    n = 4
+    monkeypatch.setattr(engine_process, "MAX_EVENTS_PER_WAKEUP", n)
     recv, send = multiprocessing.Pipe(duplex=False)
     engine = EngineProcess(None, None, recv, {"tokenizer": None, "max_model_len": 8, "default_sampling_values": {},
                                               "metrics": {}})
@@ -462,8 +464,32 @@ def test_the_events_reader_leaves_the_event_loop_its_turn():
     for _ in range(3):
         engine._read()
         seen.append(engine.metrics["i"])
-    n = engine_process.EVENTS_PER_WAKEUP
     assert seen == [n - 1, min(2 * n, 10) - 1, min(3 * n, 10) - 1]
+
+
+def test_the_events_reader_merges_waiting_steps():
+    """Steps' outputs that wait in the pipe together reach the server as one (wire.merge), in order with the other
+    events: here three steps, a metrics snapshot, then two more."""
+    recv, send = multiprocessing.Pipe(duplex=False)
+    engine = EngineProcess(None, None, recv, {"tokenizer": None, "max_model_len": 8, "default_sampling_values": {},
+                                              "metrics": {}})
+    seen = []
+    engine._on_event = seen.append
+
+    def row(rid, tokens, finished=False):
+        return (rid, ("p", [1]), None, [(0, "", tokens, None, ("list", None), "length" if finished else None, None)],
+                finished, None, 0)
+
+    for event in [("outputs", [row("a", [1]), row("b", [2])], 1.0), ("outputs", [row("a", [3])], 2.0),
+                  ("outputs", [row("b", [4], True)], 3.0), ("metrics", {"i": 0}), ("outputs", [row("a", [5])], 4.0),
+                  ("outputs", [row("a", [6], True)], 5.0)]:
+        send.send(event)
+    engine._read()
+    assert [e[0] for e in seen] == ["outputs", "metrics", "outputs"] and (seen[0][2], seen[2][2]) == (3.0, 5.0)
+    assert [(o.request_id, o.outputs[0].token_ids, o.finished) for o in seen[0][1]] == [("a", [1, 3], False),
+                                                                                       ("b", [2, 4], True)]
+    assert [(o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in seen[2][1]] == [
+        ("a", [5, 6], "length")]
 
 
 def test_wire_round_trip_gives_the_same_outputs(oracle):
@@ -498,9 +524,10 @@ def test_wire_round_trip_gives_the_same_outputs(oracle):
 def test_text_made_in_the_server_equals_the_engines(tmp_path):
     """Requests without stop strings run with detokenize=False and get their text from the server's Decoder:
     step for step the same outputs as the engine's own text, over a byte-level tokenizer whose characters span
-    tokens (seeded sampling makes invalid and split UTF-8), two samples of one prompt, and each finish."""
+    tokens (seeded sampling makes invalid and split UTF-8), two samples of one prompt, and each finish; and with
+    the steps merged as a server that fell behind reads them, the same for each request."""
     from jaxspec.sampling_params import RequestOutputKind
-    from jaxspec.serve.wire import Decoder, Encoder
+    from jaxspec.serve.wire import Decoder, Encoder, merge
     from tests.tiny import TINY, write_byte_tokenizer
 
     cfg = dataclasses.replace(TINY, vocab_size=256)
@@ -526,6 +553,38 @@ def test_text_made_in_the_server_equals_the_engines(tmp_path):
                for _, text, _, _, _ in comps)  # multi-byte characters did occur
     assert not decoder._texts and not decoder._prompts
     assert decoder.engine_params("s", SamplingParams(stop=["x"])).detokenize  # stop strings: the engine's text
+
+    # steps merged as a server that fell behind reads them (runs of 1, 2, 3, ... steps): per request and sample the
+    # same tokens, text, logprobs and finish as every step read alone
+    def concatenated(step_lists):
+        total = {}
+        for step in step_lists:
+            for rid, comps, finished in step:
+                for index, text, token_ids, reason, logprobs in comps:
+                    t = total.setdefault((rid, index), ["", [], None, []])
+                    t[0] += text
+                    t[1] += token_ids
+                    t[2] = reason
+                    t[3] += logprobs or []
+        return total
+
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, decoder.engine_params(str(i), p))
+    wires = []
+    while engine.has_unfinished_requests():
+        wires.append(pickle.loads(pickle.dumps(encoder.encode(engine.step()))))
+    runs, at, size = [], 0, 1
+    while at < len(wires):
+        batch = wires[at]
+        for w in wires[at + 1:at + size]:
+            batch = merge(batch, w)
+        runs.append(batch)
+        at, size = at + size, size + 1
+    assert len(runs) < len(wires) - 2
+    as_read = [[(o.request_id, [(c.index, c.text, c.token_ids, c.finish_reason, c.logprobs and list(c.logprobs))
+                                for c in o.outputs], o.finished) for o in decoder.decode(r)] for r in runs]
+    assert concatenated(as_read) == concatenated(own)
+    assert not decoder._texts and not decoder._prompts
 
 
 # ---- the benchmark client against the server

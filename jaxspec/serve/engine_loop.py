@@ -156,6 +156,7 @@ class EngineLoop:
         ValueError (bad request) or EngineDeadError otherwise, and then none of them runs."""
         if not self.is_healthy:
             raise EngineDeadError(f"the engine has stopped: {self.error}")
+        engine_requests = self._engine_requests(requests)
         inbox = Inbox(self._loop)
         ids = [rid for rid, _, _ in requests]
         for rid in ids:
@@ -164,7 +165,7 @@ class EngineLoop:
         add_id = next(self._add_ids)
         self._acks[add_id] = (done, ids)
         try:
-            self._send(Add(add_id, self._engine_requests(requests)))
+            self._send(Add(add_id, engine_requests))
         except EngineDeadError:
             self._acks.pop(add_id)
             self._drop(ids)

@@ -10,6 +10,11 @@ runs it with detokenize=False and sends token ids, and the Decoder detokenizes t
 own Detokenizer, the same DecodeStream windows, the held-back tail flushed at the finish), which takes ~10 us per
 request and step off the engine's host work. Requests with stop strings keep their text in the engine, whose
 stop checks need it.
+
+When the server falls behind the engine, it reads the steps that wait in the pipe at once and `merge`s them into
+one (DELTA outputs add up: tokens, text and logprobs concatenate, the latest finish and times win, as vLLM's
+output collector merges what a slow reader has not taken), so one decode and one write per stream cover many
+steps and the server catches up instead of holding the engine back.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from jaxspec.engine.detokenizer import Detokenizer, pending_text
 from jaxspec.engine.logprob_output import FlatLogprobs, token_text
@@ -56,6 +63,39 @@ class Encoder:
             rows.append((o.request_id, (o.prompt, o.prompt_token_ids) if first else None, o.prompt_logprobs,
                          completions, o.finished, _metrics(o.metrics), o.num_cached_tokens))
         return rows
+
+
+def _merged_logprobs(a: tuple, b: tuple) -> tuple:
+    if a[0] == "flat" and b[0] == "flat":
+        return ("flat", a[1] + b[1], np.concatenate([a[2], b[2]]), b[3], b[4])
+    assert a[0] == b[0] == "list", (a[0], b[0])
+    return ("list", None if a[1] is None and b[1] is None else (a[1] or []) + (b[1] or []))
+
+
+def _merged_by_key(a: list[tuple], b: list[tuple], combine) -> dict:
+    """a's and b's tuples by their first field (a's order first), combine(old, new) where both have one."""
+    merged = {x[0]: x for x in a}
+    for x in b:
+        merged[x[0]] = combine(merged[x[0]], x) if x[0] in merged else x
+    return merged
+
+
+def _merged_completion(old: tuple, new: tuple) -> tuple:
+    # (index, text, token_ids, cumulative_logprob, logprobs, finish_reason, stop_reason)
+    return (new[0], old[1] + new[1], old[2] + new[2], new[3], _merged_logprobs(old[4], new[4]), new[5], new[6])
+
+
+def _merged_row(old: tuple, new: tuple) -> tuple:
+    # (request_id, prompt, prompt_logprobs, completions, finished, metrics, num_cached_tokens)
+    completions = _merged_by_key(old[3], new[3], _merged_completion)
+    return (new[0], old[1] if old[1] is not None else new[1], old[2] if old[2] is not None else new[2],
+            [completions[i] for i in sorted(completions)], new[4], new[5], new[6])
+
+
+def merge(a: list[tuple], b: list[tuple]) -> list[tuple]:
+    """Two consecutive steps' rows (DELTA outputs) as one step's: what a reader of both would have got. A request
+    keeps its place; its prompt and prompt logprobs come with its first row, its finish and times with its last."""
+    return list(_merged_by_key(a, b, _merged_row).values())
 
 
 @dataclass
