@@ -109,6 +109,33 @@ def test_dynamic_policy_follows_the_acceptance_it_observes():
     assert p.choose(8, 8, slots) == K
 
 
+def test_dynamic_policy_decides_again_every_few_steps_or_when_the_batch_changes():
+    """A decision stands for REDECIDE_EVERY observed steps of the same batch (rows, bucket, slots); the queued
+    observations are folded in when a decision is remade, with the same result as folding each at once."""
+    from jaxspec.engine.spec_policy import MAX_QUEUED, REDECIDE_EVERY
+
+    lazy, eager = DynamicPolicy(K, num_slots=8), DynamicPolicy(K, num_slots=8)
+    for p in (lazy, eager):
+        p.set_step_times(_times([4, 8], 0.1))
+    slots = np.arange(8)
+    assert lazy.choose(8, 8, slots) == K
+    for step in range(REDECIDE_EVERY):
+        for p in (lazy, eager):
+            p.observe(slots, K, np.zeros(8, np.int64))
+        eager._fold()
+        if step < REDECIDE_EVERY - 1:
+            assert lazy.choose(8, 8, slots) == K  # standing, though fresh estimates may say otherwise
+    assert eager.choose(8, 8, slots) == 0  # what fresh estimates say after four steps of rejected drafts
+    assert lazy.choose(8, 8, slots) == 0
+    lazy.observe(slots, 0, np.zeros(8, np.int64))
+    eager.observe(slots, 0, np.zeros(8, np.int64))
+    assert lazy.choose(4, 4, slots[:4]) == eager.choose(4, 4, slots[:4])  # another batch: decided now
+    assert np.array_equal(lazy.counts, eager.counts) and np.array_equal(lazy.slot_counts, eager.slot_counts)
+    for _ in range(MAX_QUEUED):  # never asked (no step times): the queue stays bounded
+        lazy.observe(slots, K, np.zeros(8, np.int64))
+    assert len(lazy._queued) < MAX_QUEUED
+
+
 def test_dynamic_policy_keeps_the_small_k_it_settled_on():
     """The first draft accepted half the time, later ones one time in ten: k = 1. Steps at k = 1 measure position
     0 only; positions 1 and 2 keep their measured estimates for hundreds of steps, so the policy does not keep
