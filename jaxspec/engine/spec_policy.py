@@ -131,6 +131,7 @@ class DynamicPolicy(SpecPolicy):
                 new = (np.asarray(num_accepted)[:, None] >= self._thresholds) & self._offered[k]  # [rows, 2K]
                 self.counts += new.sum(axis=0).reshape(2, self.max_k)
                 self.slot_counts[slots] = self.slot_counts[slots] * self._slot_decay[k] + new
+        if self._queued:
             self._pseudo = None  # the shrinkage toward the new global rate, made when next needed
         self._queued.clear()
 

@@ -4,8 +4,9 @@
 it (add, abort, stop); it steps while any request is unfinished and blocks for a command when none is. What it
 has to say goes through `emit`, as events: an add's acknowledgement, each step's outputs with their time, a
 snapshot of `LLM.get_metrics()` (every `snapshot_interval_s`, and whenever it goes idle; with `emit_s`, the time
-spent handing outputs on, which grows when the server cannot keep up) and the error that stopped it. Where events go (this process's event loop, or a pipe to the server's process) is the caller's
-business (jaxspec.serve.engine_loop, jaxspec.serve.engine_process).
+spent handing outputs on, which grows when the server cannot keep up) and the error that stopped it. Where
+events go (this process's event loop, or a pipe to the server's process) is the caller's business
+(jaxspec.serve.engine_loop, jaxspec.serve.engine_process).
 
 Adds are acknowledged: the core validates a batch of requests (`make_request` raises a ValueError naming the
 problem) and queues them only if all are valid, so a bad request gets its 400 before any response header is

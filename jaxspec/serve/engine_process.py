@@ -19,6 +19,8 @@ never initializes JAX, so it holds no device memory.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import multiprocessing
 import pickle
 import queue
@@ -173,18 +175,15 @@ class EngineProcess(EngineLoop):
         self._route_events(events)
 
     def _route_events(self, events: list) -> None:
-        rows, now = None, None
-        for event in events:
-            if event[0] == "outputs":
-                rows = event[1] if rows is None else merge(rows, event[1])
-                now = event[2]
-                continue
-            if rows is not None:
-                self._on_event(("outputs", self._decoder.decode(rows), now))
-                rows = None
-            self._on_event(event)
-        if rows is not None:
-            self._on_event(("outputs", self._decoder.decode(rows), now))
+        """The events in order, each run of consecutive steps' outputs as one (decoded once, at its last time)."""
+        for is_outputs, run in itertools.groupby(events, key=lambda event: event[0] == "outputs"):
+            if is_outputs:
+                run = list(run)
+                rows = functools.reduce(merge, (event[1] for event in run))
+                self._on_event(("outputs", self._decoder.decode(rows), run[-1][2]))
+            else:
+                for event in run:
+                    self._on_event(event)
 
     def stop(self, timeout_s: float = 60) -> None:
         """Abort what runs and end the engine process (blocking: call it from a worker thread); a process that has
