@@ -166,6 +166,37 @@ def test_no_compilation_during_generation(weights, prompts):
     assert llm.num_compiled == 9 * len(cfg.decode_buckets) + 5 * len(cfg.prefill_buckets) + 2
 
 
+def test_programs_compiled_side_by_side_are_the_ones_the_calls_run(prompts):
+    """compile_all traces each program with its call's arguments and compiles them on threads: the calls that
+    follow compile nothing (a program it was not given still compiles on its first call), and generation
+    matches an engine that compiled each program on first use."""
+    from jaxspec.engine.step import decode_step
+
+    # a random model and head (the same seed: the same weights for both LLMs) at synthetic acceptance
+    args = dict(load_format="dummy", max_num_seqs=4, decode_buckets=[2, 4], prefill_buckets=[64],
+                speculative_config={"method": "eagle", "model": "-", "num_speculative_tokens": 2},
+                synthetic_acceptance=0.5)
+    llm = make_llm(None, **args)
+    runner = llm.llm_engine.runner
+    greedy = (True, False, False, False, False)
+    jobs = [(decode_step, B, runner._specs[(k, greedy)], runner._idle_decode(B)) for B in (2, 4) for k in (0, 2)]
+    logged = []
+    runner.compile_all(jobs, log=logged.append)
+    assert len(logged) == 4 and all("side by side" in line for line in logged)
+    with compiles() as compiled:
+        for step, B, spec, plan in jobs:
+            runner._run(step, B, spec, *plan)
+    assert compiled == []
+    with compiles() as compiled:  # control: k = 1 was not among the jobs
+        runner._run(decode_step, 2, runner._specs[(1, greedy)], *runner._idle_decode(2))
+    assert compiled
+    runner.compile_all(jobs, log=logged.append)  # called already: nothing to do
+    assert len(logged) == 4
+    plain = make_llm(None, **args)
+    outs = [[o.outputs[0].token_ids for o in m.generate(prompts[:4], GREEDY, use_tqdm=False)] for m in (llm, plain)]
+    assert outs[0] == outs[1]
+
+
 def test_async_dispatches_next_step_before_reading_previous(weights, prompts):
     llm = make_llm(weights)
     llm.llm_engine.trace = []

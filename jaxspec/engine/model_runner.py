@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -55,6 +57,24 @@ def prefill_mode(kind: BatchKind) -> BatchKind:
     if extended or prompt_logprobs:
         return (False, True, True, True, prompt_logprobs)
     return (all_greedy, filtered, False, False, False)
+
+
+# threads compiling at once (compile_all): XLA parallelizes within a program too, so more than this gains little
+COMPILE_THREADS = 8
+
+
+def _describe(step: Callable, size: int, spec: StepSpec) -> str:
+    mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
+    mode += (", processors + logprobs" if spec.processors else ", logprobs") if spec.extended else ""
+    mode += ", prompt logprobs" if spec.prompt_logprobs else ""
+    mode += f", {spec.num_steps} steps" if spec.num_steps > 1 else ""
+    return f"{step.__name__.removesuffix('_step')} bucket {size} (k={spec.num_speculative_tokens}, {mode})"
+
+
+def _timed_compile(lowered) -> float:
+    t0 = time.perf_counter()
+    lowered.compile()
+    return time.perf_counter() - t0
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -111,6 +131,7 @@ class ModelRunner:
         # several hosts: np.asarray needs this host's copy of the replicated `out`
         self._local = jax.process_count() > 1
         self._called: set[tuple] = set()  # (step, bucket, k, mode) of the programs called so far
+        self._precompiled: set[tuple] = set()  # of those keys, the ones compile_all compiled (and logged)
         # (step, bucket) -> the device buffers its plan arrays are written into (KernelConfig.resident_plan; one
         # device only: under a mesh the arrays go to each call as they are)
         self._resident = target_cfg.kernel.resident_plan and mesh is None
@@ -170,15 +191,22 @@ class ModelRunner:
         self._plans[key] = buffers = plan_program(buffers, plan)
         return buffers
 
+    @staticmethod
+    def _key(step: Callable, size: int, spec: StepSpec) -> tuple:
+        return (step.__name__, size, spec.num_speculative_tokens, spec.all_greedy, spec.filtered, spec.extended,
+                spec.processors, spec.prompt_logprobs, spec.num_steps)
+
+    @staticmethod
+    def _program(step: Callable, size: int, spec: StepSpec) -> Callable:
+        tokens = size if step is prefill_step else size * (spec.num_speculative_tokens + 1)
+        return program(step, tokens, spec)
+
     def _run(self, step: Callable, size: int, spec: StepSpec, *plan: np.ndarray, log=None) -> jax.Array:
         """Call a jitted step on bucket `size` (rows to decode, tokens to prefill), keeping the donated caches and
-        state; `out` starts copying to the host at once. A program's first call compiles it: that one is timed and
-        logged (`log`, default the jaxspec logger)."""
-        k = spec.num_speculative_tokens
-        tokens = size if step is prefill_step else size * (k + 1)
-        fn = program(step, tokens, spec)
-        key = (step.__name__, size, k, spec.all_greedy, spec.filtered, spec.extended, spec.processors,
-               spec.prompt_logprobs, spec.num_steps)
+        state; `out` starts copying to the host at once. A program's first call compiles it (unless compile_all
+        did): that one is timed and logged (`log`, default the jaxspec logger)."""
+        fn = self._program(step, size, spec)
+        key = self._key(step, size, spec)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
@@ -186,17 +214,39 @@ class ModelRunner:
         self.caches, self.state, out = fn(self.tw, self.dw, self.caches, self.state, *plan, spec)
         if first:
             self._called.add(key)
-            if fn._cache_size() > programs:
+            if fn._cache_size() > programs and key not in self._precompiled:
                 jax.block_until_ready(out)
-                mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
-                mode += (", processors + logprobs" if spec.processors else ", logprobs") if spec.extended else ""
-                mode += ", prompt logprobs" if spec.prompt_logprobs else ""
-                mode += f", {spec.num_steps} steps" if spec.num_steps > 1 else ""
-                (log or logger.info)(f"compiled {step.__name__.removesuffix('_step')} bucket {size} (k={k}, {mode}) "
-                                     f"in {time.perf_counter() - t0:.1f} s")
+                (log or logger.info)(f"compiled {_describe(step, size, spec)} in {time.perf_counter() - t0:.1f} s")
         out = out.addressable_data(0) if self._local else out
         out.copy_to_host_async()
         return out
+
+    def compile_all(self, jobs: list[tuple], log=None) -> None:
+        """Compile the programs of these calls, (step, bucket, spec, plan arrays) each, side by side: XLA compiles
+        without holding the GIL, and a GPU's unrolled step programs take 20-60 s each, so a fresh start's dozens
+        of them (every bucket, k and sampling mode) take a fraction of the time one after another. Each is traced
+        here with the arguments its call will pass (so the call finds it compiled), compiled on a pool of threads,
+        and logged (`log`) as it completes. Programs called or compiled before are skipped."""
+        todo, seen = [], set()
+        for step, size, spec, plan in jobs:
+            key = self._key(step, size, spec)
+            if key in self._called or key in seen:
+                continue
+            seen.add(key)
+            todo.append((key, step, size, spec, plan))
+        if not todo:
+            return
+        say = log or logger.info
+        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)) as pool:
+            futures = []
+            for key, step, size, spec, plan in todo:  # tracing holds the GIL: one at a time, while others compile
+                lowered = self._program(step, size, spec).lower(self.tw, self.dw, self.caches, self.state,
+                                                                 *self._place(step, size, plan), spec)
+                futures.append((key, step, size, spec, pool.submit(_timed_compile, lowered)))
+            for key, step, size, spec, future in futures:
+                seconds = future.result()
+                self._precompiled.add(key)
+                say(f"compiled {_describe(step, size, spec)} in {seconds:.1f} s (of {len(todo)}, side by side)")
 
     def decode(self, slots: list[int], tables: np.ndarray, k: int | None = None,
                stops: np.ndarray | None = None) -> jax.Array:
@@ -280,29 +330,30 @@ class ModelRunner:
         """Compile every bucket for each batch kind (all_greedy, filtered, extended, prompt_logprobs), by default
         every kind a batch can be, so that generation never compiles; decode steps for each of `k_values`
         (default [K]); the admission program too with an extended kind, and the page copy (parallel samples)
-        always. Each step program's time is logged (`log`). Returns the number of compiled programs."""
+        always. The step programs compile side by side (compile_all), then each runs once on padding rows. Each
+        step program's time is logged (`log`). Returns the number of compiled programs."""
         P, R, C, S = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS), self.num_slots
-        count, out = 0, None
-        multi = self.cfg.num_scheduler_steps > 1
+        jobs = []
         for mode in sorted({decode_mode(kind) for kind in kinds}):
             for k in k_values or [self.k]:
                 for B in self.cfg.decode_buckets:
-                    out = self._run(decode_step, B, self._specs[(k, mode)], *self._idle_decode(B), log=log)
-                    count += 1
-                    if multi:
+                    jobs.append((decode_step, B, self._specs[(k, mode)], self._idle_decode(B)))
+                    if self.cfg.num_scheduler_steps > 1:
                         stops = np.full((B, 1 + MAX_DEVICE_STOPS), -1, np.int32)
-                        out = self._run(multi_decode_step, B, self._multi(self._specs[(k, mode)]),
-                                        *self._idle_decode(B), stops, log=log)
-                        count += 1
+                        jobs.append((multi_decode_step, B, self._multi(self._specs[(k, mode)]),
+                                     (*self._idle_decode(B), stops)))
         for mode in sorted({prefill_mode(kind) for kind in kinds}):
             for N in self.cfg.prefill_buckets:
                 tok = np.zeros((N, 4), np.int32)
                 tok[:, 2] = -1
                 rows = np.full((R, 3 + P), -1, np.int32)
                 rows[:, 0] = S
-                out = self._run(prefill_step, N, self._specs[(self.k, mode)], tok, rows, np.zeros((R, C), np.uint32),
-                                log=log)
-                count += 1
+                jobs.append((prefill_step, N, self._specs[(self.k, mode)], (tok, rows, np.zeros((R, C), np.uint32))))
+        self.compile_all(jobs, log)
+        out = None
+        for step, size, spec, plan in jobs:
+            out = self._run(step, size, spec, *plan, log=log)
+        count = len(jobs)
         if any(kind[2] for kind in kinds):
             V, shape = self.vocab_size, (MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS)
             self.state = slot_program(admit_step)(self.state, np.full((R, 2), S, np.int32),
@@ -328,6 +379,8 @@ class ModelRunner:
         times. The rows are padding, so attention reads no context: at long contexts real steps are slower."""
         times = {}
         greedy = decode_mode(ALL_KINDS[0])
+        self.compile_all([(decode_step, B, self._specs[(k, greedy)], self._idle_decode(B))
+                          for B in self.cfg.decode_buckets for k in k_values])
         for B in self.cfg.decode_buckets:
             for k in k_values:
                 spec = self._specs[(k, greedy)]
