@@ -140,9 +140,9 @@ def test_repeats_report_the_median_run_of_rotated_rounds(tmp_path, monkeypatch):
 
     order, real = [], throughput.timed_point
 
-    def timed(args, bench, llm, prompts, point, outputs):
+    def timed(args, bench, llm, prompts, point, outputs, options=None):
         order.append(point["mode"])
-        return real(args, bench, llm, prompts, point, outputs)
+        return real(args, bench, llm, prompts, point, outputs, options)
 
     monkeypatch.setattr(throughput, "timed_point", timed)
     (tmp_path / "config.json").write_text(json.dumps(TINY))
@@ -159,6 +159,33 @@ def test_repeats_report_the_median_run_of_rotated_rounds(tmp_path, monkeypatch):
         assert len(runs) == 3 and p["output_tokens_per_s"] == sorted(runs)[1]
     with pytest.raises(SystemExit):
         main(["--model", "no-model-needed", "--repeats", "0"])
+
+
+def test_sweep_sampling_alternates_two_settings_on_one_llm(tmp_path, monkeypatch, capsys):
+    """--sweep-sampling: the mode's LLM runs the base setting and the extra one in turn in every round, with the
+    extra options in each request of its runs and its programs compiled before timing (no run compiles)."""
+    from jaxspec.bench import throughput
+
+    seen, real = [], throughput.run_point
+
+    def run_point(llm, prompts, params, is_async):
+        seen.append({(p.logprobs, p.presence_penalty) for p in params})
+        return real(llm, prompts, params, is_async)
+
+    monkeypatch.setattr(throughput, "run_point", run_point)
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    argv = ["--load-format", "dummy", "--hf-config", str(tmp_path / "config.json"), "--num-prompts", "2",
+            "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 1}',
+            *[a for a in SMALL if a != "--no-warmup-compile"], "--repeats", "2"]
+    result = main(argv + ["--sweep-sampling", '{"logprobs": 2, "presence_penalty": 0.5}'])
+    assert not result["errors"], result["errors"]
+    base, extra = {(None, 0.0)}, {(2, 0.5)}
+    assert seen[-4:] == [base, extra, extra, base]  # after the build's warm-up: round 2 starts one setting later
+    assert [p["mode"] for p in result["points"]] == ["eagle k=1", "eagle k=1 + logprobs=2 presence_penalty=0.5"]
+    assert all(p["recompiles"] == 0 and len(p["repeats_output_tokens_per_s"]) == 2 for p in result["points"])
+    with pytest.raises(SystemExit):
+        main(argv + ["--sweep-sampling", '{"temperature": 1.0}'])
+    assert "--sweep-sampling: unknown option(s) ['temperature']" in capsys.readouterr().err
 
 
 def test_rerender_and_cli(sweep, capsys):

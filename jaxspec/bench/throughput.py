@@ -115,6 +115,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--sweep-k", action="store_true",
                    help="with --speculative-config: the head's LLM runs with the dynamic k policy and with every fixed "
                         "k = 0..num_speculative_tokens (one LLM, policies swapped between runs; async only)")
+    s.add_argument("--sweep-sampling", metavar="JSON",
+                   help='another sampling setting run by every mode\'s LLM beside the base one, e.g. \'{"logprobs": 5, '
+                        '"presence_penalty": 0.5}\' (keys: the processor options above): the two alternate within '
+                        'each round of --repeats, so a cost comparison is one process on one host')
     s.add_argument("--sweep-no-plain", action="store_true",
                    help="with --speculative-config: leave the no-speculation mode out (half the compiling)")
     s.add_argument("--hf-baseline", action="store_true", help="transformers generate on the same prompts")
@@ -235,12 +239,28 @@ def processor_options(args) -> dict:
     return {name: args.get(name, off) for name, off in PROCESSOR_OPTIONS.items() if args.get(name, off) != off}
 
 
-def sampling_params(args, n: int, max_tokens: int | None = None) -> list:
-    """One SamplingParams per request with its own seed, so a request's tokens are the same in every run."""
+def sampling_settings(args) -> list[tuple[str, dict]]:
+    """(label suffix, processor options) of each sampling setting the modes run: the base one, and the one of
+    --sweep-sampling on top of it."""
+    base = processor_options(args)
+    if not args.sweep_sampling:
+        return [("", base)]
+    extra = read_json_arg(args.sweep_sampling, "--sweep-sampling")
+    unknown = sorted(set(extra) - set(PROCESSOR_OPTIONS))
+    if unknown:
+        raise ValueError(f"--sweep-sampling: unknown option(s) {unknown}; known: {sorted(PROCESSOR_OPTIONS)}")
+    options = base | extra
+    return [("", base), (" + " + " ".join(f"{name}={v}" for name, v in extra.items()), options)]
+
+
+def sampling_params(args, n: int, max_tokens: int | None = None, options: dict | None = None) -> list:
+    """One SamplingParams per request with its own seed, so a request's tokens are the same in every run;
+    `options`: processor options instead of the run's own."""
     from jaxspec.sampling_params import SamplingParams
+    options = processor_options(args) if options is None else options
     return [SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                            max_tokens=max_tokens or args.max_tokens, ignore_eos=args.ignore_eos,
-                           seed=(args.seed * 1_000_003 + i) % 2**32, **processor_options(args)) for i in range(n)]
+                           seed=(args.seed * 1_000_003 + i) % 2**32, **options) for i in range(n)]
 
 
 # ---- bookkeeping
@@ -388,6 +408,7 @@ def run(args) -> dict:
     args.dataset_name = check_dataset(args)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    sampling_settings(args)  # a bad --sweep-sampling fails before anything is built
     if args.ignore_eos is None:
         args.ignore_eos = not args.dataset
     src = model_source(args)
@@ -479,17 +500,18 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
     outputs: dict = {}
     schedulings = [True, False] if args.sweep and not args.sweep_k else [args.async_scheduling]
     for n in counts:
-        jobs = [(llm, policy_label, policy) for label, llm in llms.items()
-                for policy_label, policy in policies(args, llm, label)]
+        jobs = [(llm, policy_label + suffix, policy, options) for label, llm in llms.items()
+                for policy_label, policy in policies(args, llm, label)
+                for suffix, options in sampling_settings(args)]
         runs: dict[tuple[str, bool], list[dict]] = {}
         for rep in range(args.repeats):
-            for llm, policy_label, policy in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
+            for llm, mode, policy, options in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
                 if policy is not None:
                     llm.llm_engine.spec_policy = policy
                 for is_async in schedulings:
-                    point = {"num_prompts": n, "mode": policy_label, "async": is_async}
-                    runs.setdefault((policy_label, is_async), []).append(
-                        point | timed_point(args, bench, llm, prompts[:n], point, outputs))
+                    point = {"num_prompts": n, "mode": mode, "async": is_async}
+                    runs.setdefault((mode, is_async), []).append(
+                        point | timed_point(args, bench, llm, prompts[:n], point, outputs, options))
         for points in runs.values():
             result["points"].append(median_point(points))
         bench.save()
@@ -526,14 +548,14 @@ def median_point(points: list[dict]) -> dict:
     return ranked[(len(ranked) - 1) // 2] | {"repeats_output_tokens_per_s": [p["output_tokens_per_s"] for p in points]}
 
 
-def timed_point(args, bench: Bench, llm, prompts, point: dict, outputs: dict) -> dict:
+def timed_point(args, bench: Bench, llm, prompts, point: dict, outputs: dict, options: dict | None = None) -> dict:
     if llm is None:
         return {"error": "the LLM did not build (see errors)"}
     if bench.out_of_time():
         return {"skipped": "time budget spent"}
     n, label, is_async = point["num_prompts"], point["mode"], point["async"]
     got = bench.guard(f"run {n} {label} {'async' if is_async else 'sync'}", run_point, llm, prompts,
-                      sampling_params(args, n), is_async)
+                      sampling_params(args, n, options=options), is_async)
     if got is None:
         return {"error": bench.result["errors"][-1]["error"][:300]}
     outputs[(n, label, is_async)] = got[1]
@@ -571,9 +593,9 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     if not args.engine_warmup and not args.no_warmup_compile:
         t0 = time.perf_counter()
         flags = sampler.batch_flags([args.temperature], [args.top_k], [args.top_p], cfg.vocab_size)
-        options = processor_options(args)
-        n = bench.guard(f"compile {label}", engine.compile_buckets, llm, *flags, bool(options),
-                        bool(set(options) - {"logprobs"}), log=bench.log)
+        n = sum(bench.guard(f"compile {label}{suffix}", engine.compile_buckets, llm, *flags, bool(options),
+                            bool(set(options) - {"logprobs"}), log=bench.log) or 0
+                for suffix, options in sampling_settings(args))
         bench.log(f"compiled {n} programs in {time.perf_counter() - t0:.1f} s")
     bench.save()
     t0 = time.perf_counter()
@@ -581,7 +603,8 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
     # gets its first launch here, one short generate per bucket (a batch shrinking as requests finish uses them all)
     sizes = [b for b in c.decode_buckets if b < max(counts)] + [max(counts)]
     for n in sizes:
-        llm.generate(prompts[:n], sampling_params(args, n, min(args.max_tokens, 16)), use_tqdm=False)
+        for _, options in sampling_settings(args):
+            llm.generate(prompts[:n], sampling_params(args, n, min(args.max_tokens, 16), options), use_tqdm=False)
     bench.log(f"warm-up generates ({sizes} prompts, {min(args.max_tokens, 16)} tokens) "
               f"{time.perf_counter() - t0:.1f} s")
     return llm
