@@ -75,7 +75,7 @@ def test_dynamic_policy_runs_and_reports_its_choices(weights, prompts, trained_h
     policy = llm.llm_engine.spec_policy
     assert isinstance(policy, DynamicPolicy)
     assert set(policy.step_times) == {(4, k) for k in range(K + 1)}
-    assert llm.num_compiled == 9 * (K + 1) + 5 + 2  # decode modes x k (one bucket); prefill modes; admit, copy
+    assert llm.num_compiled == 9 * (K + 1) + 5 + 3  # decode modes x k (one bucket); prefill modes; admits, copy
     params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=20)
               for i in range(len(prompts))]
     with compiles() as compiled:

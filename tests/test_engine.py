@@ -147,7 +147,8 @@ def test_no_compilation_during_generation(weights, prompts):
                    prefill_buckets=[32], kernel_config=KernelConfig(cublas_min_tokens=4))
     assert llm.engine_config.decode_buckets[0] < 4 <= llm.engine_config.decode_buckets[-1]
     assert all(programs(cublas) > before[cublas] for cublas in (False, True))
-    options = [{}, dict(logprobs=2), dict(presence_penalty=0.5, min_p=0.1), dict(prompt_logprobs=1, top_k=5),
+    options = [{}, dict(logprobs=2), dict(presence_penalty=0.5, min_p=0.1, logit_bias={3: 2.0}),  # dense admission
+               dict(prompt_logprobs=1, top_k=5),
                dict(n=2, repetition_penalty=1.2, top_p=0.9)]
     with compiles() as compiled:
         params = [SamplingParams(temperature=[0, 0.8][i % 2], top_p=[1.0, 0.9][i // 2 % 2], seed=i, max_tokens=9)
@@ -161,9 +162,10 @@ def test_no_compilation_during_generation(weights, prompts):
         for t in (0, 0.8):  # logprobs alone: the extended step without processors
             llm.generate(prompts, SamplingParams(temperature=t, max_tokens=6, logprobs=1, seed=3), use_tqdm=False)
     assert compiled == []
-    # 9 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the admission and page-copy programs
+    # 9 decode and 5 prefill variants per bucket (model_runner.ALL_KINDS), the two admission programs (dense and
+    # sparse rows) and the page copy
     cfg = llm.engine_config
-    assert llm.num_compiled == 9 * len(cfg.decode_buckets) + 5 * len(cfg.prefill_buckets) + 2
+    assert llm.num_compiled == 9 * len(cfg.decode_buckets) + 5 * len(cfg.prefill_buckets) + 3
 
 
 def test_programs_compiled_side_by_side_are_the_ones_the_calls_run(prompts):

@@ -6,6 +6,7 @@ committed output plus the drafts before j. The oracle (`ref_probs`) recomputes i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -277,3 +278,33 @@ def test_greedy_from_blocks_equals_argmax(V):
     np.testing.assert_array_equal(ids, np.argmax(x, axis=-1))
     padded = np.pad(x, [(0, 0), (0, 0), (0, (-V) % processors.BLOCK)], constant_values=-np.inf)
     np.testing.assert_array_equal(block_max, padded.reshape(5, 3, -1, processors.BLOCK).max(-1))
+
+
+def test_sparse_admission_equals_the_dense_rows():
+    """A request without logit_bias or allowed_token_ids is admitted from its stop ids (step.admit_sparse_step):
+    the slot state equals the one its dense rows (SlotSpec.rows, step.admit_step) make; ids past the vocabulary
+    are left out of both; more than MAX_SPARSE_STOPS ids, a bias or an allowed set need the dense rows."""
+    from types import SimpleNamespace
+
+    from jaxspec.engine.slot_spec import MAX_SPARSE_STOPS, SlotSpec
+    from jaxspec.engine.step import SlotState, admit_sparse_step, admit_step
+
+    V, S, spec = 50, 5, SimpleNamespace(shardings=None)
+    requests = [SlotSpec({}, None, [[4, 5], [9]], [0, 7, 60]), SlotSpec({}, None, [], [49, 3])]
+    slots = np.array([[2, S], [4, 2], [S, S]], np.int32)  # the second shares the first's prompt mask; a padding row
+    state = SlotState.init(S, 3, V)
+    state = SlotState(state.tokens, state.seq_len, state.num_drafts, dataclasses.replace(
+        state.proc, counts=state.proc.counts + 1, prompt_mask=state.proc.prompt_mask.at[2, 11].set(True),
+        bias=state.proc.bias + 2.0))  # what earlier requests left in the slots
+    dense = [r.rows(V) for r in requests] + [SlotSpec({}, None, [], []).rows(V)]
+    sparse = [r.sparse_rows(V) for r in requests] + [SlotSpec({}, None, [], []).sparse_rows(V)]
+    want = admit_step(state, slots, *(np.stack([d[i] for d in dense]) for i in range(3)), spec)
+    got = admit_sparse_step(state, slots, *(np.stack([s[i] for s in sparse]) for i in range(2)), spec)
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert np.asarray(got.proc.stop_mask)[2].nonzero()[0].tolist() == [0, 7]
+    assert not any(r.needs_dense_rows(V) for r in requests)
+    assert SlotSpec({3: 1.0}, None, [], []).needs_dense_rows(V)
+    assert SlotSpec({}, [1, 2], [], []).needs_dense_rows(V)
+    assert SlotSpec({}, None, [], list(range(MAX_SPARSE_STOPS + 1))).needs_dense_rows(V)
+    assert not SlotSpec({}, None, [], list(range(MAX_SPARSE_STOPS)) + [V + 1]).needs_dense_rows(V)

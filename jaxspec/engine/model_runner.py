@@ -22,9 +22,9 @@ from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
-from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
-from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_step,
-                                 copy_pages_step, decode_step, multi_decode_step, plan_program, prefill_step,
+from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_SPARSE_STOPS
+from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_sparse_step,
+                                 admit_step, copy_pages_step, decode_step, multi_decode_step, plan_program, prefill_step,
                                  program, slot_program)
 from jaxspec.models import eagle, llama
 
@@ -306,16 +306,24 @@ class ModelRunner:
 
     def _admit(self, chunks: list[PrefillChunk]) -> None:
         """Set the processor state of the slots of extended requests that start prefilling now (one dispatch,
-        before the prefill)."""
+        before the prefill): their stop ids alone when none has a logit_bias or allowed_token_ids (the common
+        case), else every row's dense [V] bias and stop mask."""
         if not chunks:
             return
         R, V = self.cfg.max_prefill_seqs, self.vocab_size
         slots = np.full((R, 2), self.num_slots, np.int32)
-        bias = np.zeros((R, V), np.float32)
-        stop = np.zeros((R, V), bool)
         bad = np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
         for r, c in enumerate(chunks):
             slots[r] = (c.seq.slot, c.seq.prompt_mask_from if c.seq.prompt_mask_from >= 0 else self.num_slots)
+        if not any(c.seq.slot_spec.needs_dense_rows(V) for c in chunks):
+            stop_ids = np.full((R, MAX_SPARSE_STOPS), -1, np.int32)
+            for r, c in enumerate(chunks):
+                stop_ids[r], bad[r] = c.seq.slot_spec.sparse_rows(V)
+            self.state = slot_program(admit_sparse_step)(self.state, slots, stop_ids, bad, spec=self.spec)
+            return
+        bias = np.zeros((R, V), np.float32)
+        stop = np.zeros((R, V), bool)
+        for r, c in enumerate(chunks):
             bias[r], stop[r], bad[r] = c.seq.slot_spec.rows(V)
         self.state = slot_program(admit_step)(self.state, slots, bias, stop, bad, spec=self.spec)
 
@@ -329,7 +337,7 @@ class ModelRunner:
     def warmup(self, kinds: tuple[BatchKind, ...] = ALL_KINDS, k_values: list[int] | None = None, log=None) -> int:
         """Compile every bucket for each batch kind (all_greedy, filtered, extended, prompt_logprobs), by default
         every kind a batch can be, so that generation never compiles; decode steps for each of `k_values`
-        (default [K]); the admission program too with an extended kind, and the page copy (parallel samples)
+        (default [K]); the admission programs too with an extended kind, and the page copy (parallel samples)
         always. The step programs compile side by side (compile_all), then each runs once on padding rows. Each
         step program's time is logged (`log`). Returns the number of compiled programs."""
         P, R, C, S = self.cfg.pages_per_seq, self.cfg.max_prefill_seqs, len(sampler.COLUMNS), self.num_slots
@@ -355,11 +363,14 @@ class ModelRunner:
             out = self._run(step, size, spec, *plan, log=log)
         count = len(jobs)
         if any(kind[2] for kind in kinds):
-            V, shape = self.vocab_size, (MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS)
+            V, bad = self.vocab_size, np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
             self.state = slot_program(admit_step)(self.state, np.full((R, 2), S, np.int32),
-                                                  np.zeros((R, V), np.float32), np.zeros((R, V), bool),
-                                                  np.full((R,) + shape, -1, np.int32), spec=self.spec)
-            count += 1
+                                                  np.zeros((R, V), np.float32), np.zeros((R, V), bool), bad,
+                                                  spec=self.spec)
+            self.state = slot_program(admit_sparse_step)(self.state, np.full((R, 2), S, np.int32),
+                                                         np.full((R, MAX_SPARSE_STOPS), -1, np.int32), bad,
+                                                         spec=self.spec)
+            count += 2
         self.caches = slot_program(copy_pages_step)(self.caches, np.full((COPY_PAGES, 2), -1, np.int32),
                                                     spec=self.spec)
         count += 1
