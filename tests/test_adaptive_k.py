@@ -110,8 +110,8 @@ def test_dynamic_policy_follows_the_acceptance_it_observes():
 
 
 def test_dynamic_policy_decides_again_every_few_steps_or_when_the_batch_changes():
-    """A decision stands for REDECIDE_EVERY observed steps of the same batch (rows, bucket, slots); the queued
-    observations are folded in when a decision is remade, with the same result as folding each at once."""
+    """A decision stands for REDECIDE_EVERY observed steps of about the same batch; the queued observations are
+    folded in when a decision is remade, with the same result as folding each at once."""
     from jaxspec.engine.spec_policy import MAX_QUEUED, REDECIDE_EVERY
 
     lazy, eager = DynamicPolicy(K, num_slots=8), DynamicPolicy(K, num_slots=8)
@@ -134,6 +134,41 @@ def test_dynamic_policy_decides_again_every_few_steps_or_when_the_batch_changes(
     for _ in range(MAX_QUEUED):  # never asked (no step times): the queue stays bounded
         lazy.observe(slots, K, np.zeros(8, np.int64))
     assert len(lazy._queued) < MAX_QUEUED
+
+
+def test_dynamic_policy_decision_stands_while_few_rows_change():
+    """The standing decision holds while the bucket is the same and at most 1/CHANGED_ROWS of the rows it weighed
+    (at least one) finished or joined: requests finishing one by one do not make every step decide again. New
+    requests in its slots (reset_slots) count as changed rows, and their slots start from the global estimate."""
+    from jaxspec.engine.spec_policy import CHANGED_ROWS
+
+    p = DynamicPolicy(K, num_slots=32)
+    p.set_step_times(_times([8, 16], 0.1))
+    decisions = []
+    expected_tokens = p.expected_tokens
+    p.expected_tokens = lambda slots: decisions.append(len(slots)) or expected_tokens(slots)
+    assert CHANGED_ROWS == 8  # of 16 rows, 2 may change
+    slots = np.arange(16)
+    p.choose(16, 16, slots)
+    p.choose(14, 16, slots[2:])  # two finished: stands
+    p.choose(16, 16, np.r_[slots[1:], [20]])  # one finished, one joined: stands
+    assert decisions == [16]
+    p.choose(13, 16, slots[3:])  # three finished: decided again
+    assert decisions == [16, 13]
+    p.choose(12, 16, slots[4:])  # one of its 13 finished since: stands (13 // 8 = 1 may change)
+    assert decisions == [16, 13]
+    p.reset_slots([5])  # a new request in a slot the decision weighed: a second change
+    p.choose(12, 16, slots[4:])
+    assert decisions == [16, 13, 12]
+    p.choose(8, 8, slots[:8])  # another bucket
+    assert decisions == [16, 13, 12, 8]
+    for _ in range(20):
+        p.observe(slots[:8], K, np.zeros(8, np.int64))
+    p.reset_slots([0, 1])
+    p.observe(slots[:1], K, np.zeros(1, np.int64))  # after the reset: the new request's first step
+    p.acceptance(slots[:8])  # folds what is queued, in order
+    assert p.slot_counts[1].sum() == 0 and p.slot_counts[0].tolist() == [1] + [0] * (2 * K - 1)
+    assert p.slot_counts[2, 0] > 8  # the requests left alone keep their counts
 
 
 def test_dynamic_policy_keeps_the_small_k_it_settled_on():
