@@ -25,9 +25,10 @@ operations on [rows, 2K] arrays, not a loop over rows; and it runs them rarely. 
 folded in when the next decision needs it (the same arithmetic, in one burst), and a decision stands for
 REDECIDE_EVERY steps while the batch stays about the same: the same bucket, with at most 1/CHANGED_ROWS of its
 rows (at least one) finished or new since the decision. The estimates move ~2 % a step, and a batch whose requests
-finish one after another changes a little at almost every step: redeciding at each of those steps (whenever the
-rows differed at all) cost 0.17-0.28 ms a step of host work at 256 rows on the CPU machine, inside the engine
-(four times its cost in a tight loop), and 0.2-0.46 ms on the H200, 5-7 % of a host-bound step.
+finish one after another changes a little at almost every step: redeciding whenever the rows differed at all made
+the policy cost 0.17-0.25 ms a step of host work at 256 rows on the CPU machine, inside the engine (four times its
+cost in a tight loop), against 0.11-0.12 ms now. On the H200's slower host it still adds 0.2-0.4 ms a step at
+128-256 rows, where the step is host-bound: the 4-6 % it loses to a fixed k there, most of it `_fold`.
 
 Whatever k a step runs with, the output is lossless: drafts are verified by rejection sampling, and a step never
 accepts more drafts than the previous step made (SlotState.num_drafts).
