@@ -171,6 +171,34 @@ def test_dynamic_policy_decision_stands_while_few_rows_change():
     assert p.slot_counts[2, 0] > 8  # the requests left alone keep their counts
 
 
+def test_dynamic_policy_decision_stands_longer_each_time_it_is_confirmed():
+    """A steady batch whose estimates keep giving the same k: the decision stands 4, 8, 16, then 32 steps; a
+    decision that changes k stands REDECIDE_EVERY steps again."""
+    from jaxspec.engine.spec_policy import MAX_STANDING, REDECIDE_EVERY
+
+    p = DynamicPolicy(K, num_slots=8)
+    p.set_step_times(_times([8], 0.1))
+    slots = np.arange(8)
+    made = []
+    expected_tokens = p.expected_tokens
+    p.expected_tokens = lambda s: made.append(step) or expected_tokens(s)
+    for step in range(100):
+        p.choose(8, 8, slots)
+        p.observe(slots, K, np.full(8, K))  # every draft accepted: k = K throughout
+    assert MAX_STANDING == 32 and np.diff(made).tolist() == [4, 8, 16, 32, 32]
+    for step in range(100, 300):  # now nothing is accepted: a decision moves k down, and stands 4 steps
+        k = p.choose(8, 8, slots)
+        if k < K:
+            break
+        p.observe(slots, K, np.zeros(8, np.int64))
+    changed = made[-1]
+    assert k < K and changed == step < 100 + 50 + MAX_STANDING  # the estimates' memory (~50 steps), then the wait
+    for step in range(step, step + 40):
+        p.choose(8, 8, slots)
+        p.observe(slots, k, np.zeros(8, np.int64))
+    assert made[made.index(changed) + 1] - changed == REDECIDE_EVERY
+
+
 def test_dynamic_policy_keeps_the_small_k_it_settled_on():
     """The first draft accepted half the time, later ones one time in ten: k = 1. Steps at k = 1 measure position
     0 only; positions 1 and 2 keep their measured estimates for hundreds of steps, so the policy does not keep
