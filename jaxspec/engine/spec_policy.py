@@ -28,11 +28,12 @@ rows (at least one) finished or new since the decision; each new decision that c
 bucket and k) lets the next stand twice as long, up to MAX_STANDING steps, and one that changes k starts again
 from REDECIDE_EVERY (a steady batch: a decision every 32 steps, not every 4). The estimates move ~2 % a step, and
 a batch whose requests finish one after another changes a little at almost every step: redeciding whenever the
-rows differed at all made the policy cost 0.17-0.25 ms a step of host work at 256 rows on the CPU machine, inside the engine (four times its
-cost in a tight loop). Each numpy call on these small arrays costs 1.5-6 us whatever its size, so the fold uses the
-cheap ones (take, a table of count rows per k). Inside the engine on the H200's host at 256 rows, where a step is
-host-bound (~3 ms), its calls cost 0.16 ms a step with fancy indexing and per-row comparisons and a decision every
-4 steps, 0.12 with the cheap calls, 0.095 with decisions that stand longer once confirmed (2026-12-04).
+rows differed at all made the policy cost 0.17-0.25 ms a step of host work at 256 rows on the CPU machine, inside
+the engine (four times its cost in a tight loop). Each numpy call on these small arrays costs 1.5-6 us whatever
+its size, so the fold uses the cheap ones (take, a table of count rows per k). Inside the engine on the H200's
+host at 256 rows, where a step is host-bound (~3 ms), its calls cost 0.16 ms a step with fancy indexing and
+per-row comparisons and a decision every 4 steps, 0.12 with the cheap calls, 0.095 with decisions that stand
+longer once confirmed (2026-12-04).
 
 Whatever k a step runs with, the output is lossless: drafts are verified by rejection sampling, and a step never
 accepts more drafts than the previous step made (SlotState.num_drafts).
