@@ -191,7 +191,7 @@ class DynamicPolicy(SpecPolicy):
             return self.max_k
         d = self._decision
         if d is not None and d[0] == bucket and self._since_decision < self._standing:
-            kept = int(np.count_nonzero(self._decided[slots]))  # rows it weighed that are still here
+            kept = int(np.count_nonzero(self._decided.take(slots)))  # rows it weighed that are still here
             if (num_rows - kept) + (d[1] - kept) <= max(1, d[1] // CHANGED_ROWS):
                 return d[2]
         # the K + 1 candidates ranked in Python: cheaper than numpy calls on arrays this small
