@@ -157,6 +157,14 @@ def test_repeats_report_the_median_run_of_rotated_rounds(tmp_path, monkeypatch):
     for p in result["points"]:
         runs = p["repeats_output_tokens_per_s"]
         assert len(runs) == 3 and p["output_tokens_per_s"] == sorted(runs)[1]
+    # the dynamic policy against the best fixed k: by medians, and round by round
+    points = {p["mode"]: p for p in result["points"]}
+    best = max(modes[1:], key=lambda m: points[m]["output_tokens_per_s"])
+    dynamic_runs, best_runs = (points[m]["repeats_output_tokens_per_s"] for m in (modes[0], best))
+    [row] = result["dynamic_vs_best"]
+    assert row["best_mode"] == best and row["num_prompts"] == 2
+    assert row["ratio"] == pytest.approx(points[modes[0]]["output_tokens_per_s"] / points[best]["output_tokens_per_s"])
+    assert row["paired_ratio"] == pytest.approx(sorted(x / y for x, y in zip(dynamic_runs, best_runs))[1])
     with pytest.raises(SystemExit):
         main(["--model", "no-model-needed", "--repeats", "0"])
 

@@ -24,6 +24,7 @@ before FLOPs were counted renders with the byte floor only.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -81,6 +82,39 @@ def sweep_table(result: dict) -> str:
                      r["errors"]])
     return markdown_table(["num_prompts", "mode", "async out tok/s", "sync out tok/s", "speedup", "mean acc len",
                            "async==sync outputs", "HF out tok/s", "HF first-8 agree", "errors"], rows)
+
+
+def dynamic_vs_best(result: dict) -> list[dict]:
+    """--sweep-k: per prompt count (and scheduling), the dynamic policy against the best fixed mode (no speculation
+    or a fixed k; the one of highest median): the ratio of their median runs and, with --repeats, the median of
+    their ratios round by round. A round runs every mode back to back, so pairing within rounds takes out the
+    host's drift between rounds (runs of one point spread 10-25 % at 256 prompts on the H200, 2026-12-04)."""
+    groups: dict[tuple[int, bool], dict[str, dict]] = {}
+    for p in result["points"]:
+        groups.setdefault((p["num_prompts"], p["async"]), {})[p["mode"]] = p
+    rows = []
+    for (n, is_async), modes in groups.items():
+        dynamic = next((m for m in modes if m.endswith(" dynamic")), None)
+        fixed = {m: p for m, p in modes.items() if m != dynamic and ok(p)}
+        if dynamic is None or not ok(modes[dynamic]) or not fixed:
+            continue
+        d, best = modes[dynamic], max(fixed, key=lambda m: fixed[m]["output_tokens_per_s"])
+        runs_d, runs_b = d.get("repeats_output_tokens_per_s"), fixed[best].get("repeats_output_tokens_per_s")
+        paired = (statistics.median(x / y for x, y in zip(runs_d, runs_b))
+                  if runs_d and runs_b and len(runs_d) == len(runs_b) else None)
+        rows.append({"num_prompts": n, "async": is_async, "dynamic_tok_s": d["output_tokens_per_s"],
+                     "best_mode": best, "best_tok_s": fixed[best]["output_tokens_per_s"],
+                     "ratio": d["output_tokens_per_s"] / fixed[best]["output_tokens_per_s"], "paired_ratio": paired,
+                     "num_steps_by_k": d.get("num_steps_by_k", {})})
+    return rows
+
+
+def dynamic_table(result: dict) -> str:
+    rows = [[r["num_prompts"], "async" if r["async"] else "sync", r["dynamic_tok_s"], r["best_mode"], r["best_tok_s"],
+             f"{r['ratio']:.3f}", None if r["paired_ratio"] is None else f"{r['paired_ratio']:.3f}",
+             " ".join(f"{k}:{n}" for k, n in r["num_steps_by_k"].items() if n)] for r in dynamic_vs_best(result)]
+    return markdown_table(["num_prompts", "scheduling", "dynamic out tok/s", "best fixed", "its out tok/s",
+                           "dynamic / best, medians", "dynamic / best, paired rounds", "dynamic's steps by k"], rows)
 
 
 def profile_table(result: dict) -> str:
@@ -324,6 +358,8 @@ def results_section(result: dict) -> str:
     if result.get("matmul"):
         parts.append(f"- matmul rate: {result['matmul']['tflop_s']:.0f} TFLOP/s ({result['matmul']['method']})")
     parts += ["", "Throughput:", "", sweep_table(result)]
+    if dynamic_vs_best(result):
+        parts += ["", "Dynamic k against the best fixed mode:", "", dynamic_table(result)]
     if result.get("roofline"):
         parts += ["", f"Roofline ({roofline_rates(result)}):", "", roofline_table(result)]
     elif roofline_bandwidth(result)[0] is None:
