@@ -130,10 +130,39 @@ def test_dynamic_policy_decides_again_every_few_steps_or_when_the_batch_changes(
     lazy.observe(slots, 0, np.zeros(8, np.int64))
     eager.observe(slots, 0, np.zeros(8, np.int64))
     assert lazy.choose(4, 4, slots[:4]) == eager.choose(4, 4, slots[:4])  # another batch: decided now
-    assert np.array_equal(lazy.counts, eager.counts) and np.array_equal(lazy.slot_counts, eager.slot_counts)
+    np.testing.assert_allclose(lazy.counts, eager.counts, rtol=1e-12)  # a run of four folded at once
+    np.testing.assert_allclose(lazy.slot_counts, eager.slot_counts, rtol=1e-12)
     for _ in range(MAX_QUEUED):  # never asked (no step times): the queue stays bounded
         lazy.observe(slots, K, np.zeros(8, np.int64))
     assert len(lazy._queued) < MAX_QUEUED
+
+
+def test_dynamic_policy_folds_runs_of_steps_as_one_step_at_a_time():
+    """Observations queued in any order of runs (the same rows and k for several steps, batches that change,
+    k that changes, slot resets between them) fold to the counts of folding each one as it comes."""
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        lazy, eager = DynamicPolicy(K, num_slots=16), DynamicPolicy(K, num_slots=16)
+        slots = np.arange(8)
+        for step in range(200):
+            if rng.random() < 0.05:
+                slots = rng.choice(16, int(rng.integers(1, 12)), replace=False)
+            if rng.random() < 0.03:
+                reset = [int(s) for s in rng.choice(16, 2, replace=False)]
+                lazy.reset_slots(reset)
+                eager.reset_slots(reset)
+                eager._fold()
+            k = K if rng.random() < 0.8 else int(rng.integers(0, K + 1))
+            accepted = rng.integers(0, k + 1, len(slots))
+            lazy.observe(slots.copy(), k, accepted.copy())
+            eager.observe(slots.copy(), k, accepted)
+            eager._fold()
+            if rng.random() < 0.05:
+                lazy._fold()
+        lazy._fold()
+        np.testing.assert_allclose(lazy.counts, eager.counts, rtol=1e-12)
+        np.testing.assert_allclose(lazy.slot_counts, eager.slot_counts, rtol=1e-12, atol=1e-12)
+        assert lazy.slot_counts.any() and lazy.counts.any()
 
 
 def test_dynamic_policy_decision_stands_while_few_rows_change():
