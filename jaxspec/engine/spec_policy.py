@@ -34,7 +34,8 @@ the CPU machine, inside the engine (four times its cost in a tight loop). Each n
 costs 1.5-6 us whatever its size, so the fold uses the cheap ones (take, a table of count rows per k) and few of
 them per run. Inside the engine on the H200's host at 256 rows, where a step is host-bound (~3 ms), its calls cost
 0.16 ms a step with fancy indexing and per-row comparisons and a decision every 4 steps, 0.12 with the cheap calls,
-0.095 with decisions that stand longer once confirmed (2026-12-04).
+0.095 with decisions that stand longer once confirmed, 0.074-0.077 (amid rounds of 0.056-0.093) with fewer
+calls per folded step, and 0.028 ms a step at batch 1 (2026-12-04).
 
 Whatever k a step runs with, the output is lossless: drafts are verified by rejection sampling, and a step never
 accepts more drafts than the previous step made (SlotState.num_drafts).
