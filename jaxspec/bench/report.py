@@ -109,10 +109,11 @@ def dynamic_vs_best(result: dict) -> list[dict]:
     return rows
 
 
-def dynamic_table(result: dict) -> str:
+def dynamic_table(comparisons: list[dict]) -> str:
+    """dynamic_vs_best's rows as a markdown table."""
     rows = [[r["num_prompts"], "async" if r["async"] else "sync", r["dynamic_tok_s"], r["best_mode"], r["best_tok_s"],
              f"{r['ratio']:.3f}", None if r["paired_ratio"] is None else f"{r['paired_ratio']:.3f}",
-             " ".join(f"{k}:{n}" for k, n in r["num_steps_by_k"].items() if n)] for r in dynamic_vs_best(result)]
+             " ".join(f"{k}:{n}" for k, n in r["num_steps_by_k"].items() if n)] for r in comparisons]
     return markdown_table(["num_prompts", "scheduling", "dynamic out tok/s", "best fixed", "its out tok/s",
                            "dynamic / best, medians", "dynamic / best, paired rounds", "dynamic's steps by k"], rows)
 
@@ -358,8 +359,8 @@ def results_section(result: dict) -> str:
     if result.get("matmul"):
         parts.append(f"- matmul rate: {result['matmul']['tflop_s']:.0f} TFLOP/s ({result['matmul']['method']})")
     parts += ["", "Throughput:", "", sweep_table(result)]
-    if dynamic_vs_best(result):
-        parts += ["", "Dynamic k against the best fixed mode:", "", dynamic_table(result)]
+    if result.get("dynamic_vs_best"):
+        parts += ["", "Dynamic k against the best fixed mode:", "", dynamic_table(result["dynamic_vs_best"])]
     if result.get("roofline"):
         parts += ["", f"Roofline ({roofline_rates(result)}):", "", roofline_table(result)]
     elif roofline_bandwidth(result)[0] is None:

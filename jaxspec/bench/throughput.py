@@ -635,7 +635,7 @@ def finish(args, result: dict, json_paths: list[Path], plot_path: Path | None = 
     print("\n" + report.sweep_table(result))
     result["dynamic_vs_best"] = report.dynamic_vs_best(result)
     if result["dynamic_vs_best"]:
-        print("\nDynamic k against the best fixed mode:\n" + report.dynamic_table(result))
+        print("\nDynamic k against the best fixed mode:\n" + report.dynamic_table(result["dynamic_vs_best"]))
     if result.get("roofline"):
         print(f"\nRoofline: {report.roofline_rates(result)}\n" + report.roofline_table(result))
     elif report.roofline_bandwidth(result)[0] is None:

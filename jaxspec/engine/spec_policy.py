@@ -175,7 +175,7 @@ class DynamicPolicy(SpecPolicy):
             return
         new, own = self._new[k], self.slot_counts.take(slots, axis=0)  # take: 1.4 us against 5.8 for [slots]
         own *= self._slot_decay[k][G]
-        if G == 1:
+        if G == 1:  # the rows changed since the last observation (requests came or went): four calls, not twelve
             self.counts += np.bincount(accepted[0], minlength=self.max_k + 1) @ new
             own += new.take(accepted[0], axis=0)  # [rows, 2K]
         else:
