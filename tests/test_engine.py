@@ -140,7 +140,7 @@ def test_no_compilation_during_generation(weights, prompts):
     from jaxspec.engine import step
 
     stable = KernelConfig().stable_scratch
-    programs = lambda cublas: sum(step.compiled(s, cublas, stable)._cache_size()  # noqa: E731
+    programs = lambda cublas: sum(step.compiled(s, cublas, stable, 0)._cache_size()  # noqa: E731
                                   for s in (step.decode_step, step.prefill_step))
     before = {cublas: programs(cublas) for cublas in (False, True)}
     llm = make_llm(weights, warmup=True, max_num_seqs=4, max_num_batched_tokens=32, decode_buckets=[2, 4],
@@ -350,6 +350,32 @@ def test_flag_settings_parse_as_booleans(weights, monkeypatch):
         KernelConfig.from_env()
     with pytest.raises(ValueError, match="stable_scratch"):
         KernelConfig(stable_scratch=1)
+
+
+def test_twin_programs_keep_their_output_buffers_and_change_no_output(weights, prompts, reference):
+    """KernelConfig.twin_programs (forced on here; a GPU's default): each program's calls alternate between two
+    jit objects, each writing over an output buffer it keeps (one address from call to call, so that XLA never
+    re-records its CUDA graph), read by the host before it is written again; greedy tokens and logprobs equal an
+    engine that alternates only the buffers (what runs where there are no CUDA graphs)."""
+    from jaxspec.engine.step import decode_step
+
+    logprobs = SamplingParams(temperature=0, max_tokens=GREEDY.max_tokens, ignore_eos=True, logprobs=3)
+    llms = [make_llm(weights, decode_buckets=[4, 8]) for _ in range(2)]
+    runner = llms[0].llm_engine.runner
+    runner._twins = True
+    assert not llms[1].llm_engine.runner._twins  # the CPU default
+    outs = llms[0].generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    twins = {key[-1] for key in runner._outputs if key[0] == "decode_step"}
+    assert twins == {0, 1} and {key[-1] for key in runner._called if key[0] == "decode_step"} == {0, 1}
+    spec = runner._specs[(0, (True, False, False, False, False))]
+    assert runner._program(decode_step, 8, spec, 0) is not runner._program(decode_step, 8, spec, 1)
+    addresses = {key: out.unsafe_buffer_pointer() for key, out in runner._outputs.items()}
+    got, want = (m.generate(prompts[:6], logprobs, use_tqdm=False) for m in llms)  # logprob rows: host copies
+    assert [o.outputs[0].token_ids for o in got] == reference[:6]
+    assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
+    after = {key: out.unsafe_buffer_pointer() for key, out in runner._outputs.items()}
+    assert {key: after[key] for key in addresses if key in after} == {k: a for k, a in addresses.items() if k in after}
 
 
 def test_resident_plan_keeps_its_addresses_and_changes_no_output(weights, prompts, reference):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxspec.engine.step import compiled, decode_step, prefill_step
+from jaxspec.engine.step import compiled, decode_step, multi_decode_step, prefill_step
 from jaxspec.llm import LLM
 from jaxspec.models import eagle, llama
 
@@ -57,8 +57,9 @@ def env_knobs() -> dict[str, str]:
 def num_compiled() -> int | None:
     """Programs in the step functions' jit caches: a change during a timed run means it compiled."""
     try:
-        return sum(compiled(step, cublas, stable)._cache_size() for step in (decode_step, prefill_step)
-                   for cublas in (False, True) for stable in (False, True))
+        return sum(compiled(step, cublas, stable, twin)._cache_size()
+                   for step in (decode_step, multi_decode_step, prefill_step)
+                   for cublas in (False, True) for stable in (False, True) for twin in (0, 1))
     except AttributeError:
         return None
 
@@ -199,15 +200,15 @@ def dispatch_breakdown(runner, B: int, context: int, iters: int = 20, multi: boo
     `plan`, the runner's host arrays (ModelRunner.decode_plan); `put`, their host-to-device copy (blocking);
     `launch`, the jitted step called with the plan already on the device (JAX's argument handling and XLA's
     launch of the program's kernels, command-buffer updates included); `launch_same`, the same with one plan's
-    device arrays every time (their addresses do not change, so XLA need not update the CUDA graphs that read
-    them); `args`, a jitted no-op taking the same arguments (JAX's per-call floor); `decode`, ModelRunner.decode
-    as the engine calls it (plan, copy, launch and the output's host copy started)."""
+    device arrays every time (nor does the output buffer move, written over call after call: XLA need not
+    update the CUDA graph); `args`, a jitted no-op taking the same arguments (JAX's per-call floor); `decode`,
+    ModelRunner.decode as the engine calls it (plan, copy, launch and the output's host copy started)."""
     from jaxspec.engine.step import program
 
     slots, tables = _timing_batch(runner, B, context)
     stops = no_stops(B) if multi else None
     times: dict[str, list[float]] = {name: [] for name in ("plan", "put", "launch", "launch_same", "args", "decode")}
-    same = None
+    same = out = None
     noop = jax.jit(lambda tw, dw, caches, state, *plan: plan[0][0, 0])
 
     def timed(name: str, fn):
@@ -220,12 +221,13 @@ def dispatch_breakdown(runner, B: int, context: int, iters: int = 20, multi: boo
         step, size, spec, *plan = timed("plan", lambda: runner.decode_plan(slots, tables, None, stops))
         device_plan = timed("put", lambda: jax.block_until_ready(jax.device_put(plan, jax.local_devices()[0])))
         fn = program(step, size * (spec.num_speculative_tokens + 1), spec)
+        out = runner.output_buffer(step, spec, plan) if out is None else out  # written over, call after call
         runner.caches, runner.state, out = timed(
-            "launch", lambda: fn(runner.tw, runner.dw, runner.caches, runner.state, *device_plan, spec))
+            "launch", lambda: fn(runner.tw, runner.dw, runner.caches, runner.state, out, *device_plan, spec=spec))
         np.asarray(out)
         same = same or device_plan
         runner.caches, runner.state, out = timed(
-            "launch_same", lambda: fn(runner.tw, runner.dw, runner.caches, runner.state, *same, spec))
+            "launch_same", lambda: fn(runner.tw, runner.dw, runner.caches, runner.state, out, *same, spec=spec))
         np.asarray(out)
         jax.block_until_ready(timed("args", lambda: noop(runner.tw, runner.dw, runner.caches, runner.state,
                                                          *device_plan)))

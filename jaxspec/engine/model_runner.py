@@ -24,8 +24,8 @@ from jaxspec.engine import sampler
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_SPARSE_STOPS
 from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_sparse_step,
-                                 admit_step, copy_pages_step, decode_step, multi_decode_step, plan_program, prefill_step,
-                                 program, slot_program)
+                                 admit_step, copy_pages_step, decode_step, multi_decode_step, output_shape,
+                                 plan_program, prefill_step, program, slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
@@ -136,6 +136,12 @@ class ModelRunner:
         # device only: under a mesh the arrays go to each call as they are)
         self._resident = target_cfg.kernel.resident_plan and mesh is None
         self._plans: dict[tuple[str, int], tuple[jax.Array, ...]] = {}
+        # each program's calls alternate between two output buffers, (program key, 0 or 1) -> the buffer that call
+        # writes `out` over; on a GPU (one device) between two executables as well (KernelConfig.twin_programs).
+        # A buffer is written again two calls of its program later: the engine has read its output by then.
+        self._twins = (target_cfg.kernel.twin_programs and mesh is None and jax.default_backend() == "gpu")
+        self._outputs: dict[tuple, jax.Array] = {}
+        self._next_twin: dict[tuple, int] = {}
 
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
@@ -156,6 +162,7 @@ class ModelRunner:
             if self._shardings is None:
                 self.caches = jax.device_put(self.caches, jax.local_devices()[0])
         self._plans = {key: plan for key, plan in self._plans.items() if not any(a.is_deleted() for a in plan)}
+        self._outputs = {key: out for key, out in self._outputs.items() if not out.is_deleted()}
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
             self.state = SlotState.init(self.num_slots, self.k, self.vocab_size)
             self.state = (jax.device_put(self.state, jax.local_devices()[0]) if self._shardings is None
@@ -196,22 +203,28 @@ class ModelRunner:
         return (step.__name__, size, spec.num_speculative_tokens, spec.all_greedy, spec.filtered, spec.extended,
                 spec.processors, spec.prompt_logprobs, spec.num_steps)
 
-    @staticmethod
-    def _program(step: Callable, size: int, spec: StepSpec) -> Callable:
+    def _program(self, step: Callable, size: int, spec: StepSpec, twin: int = 0) -> Callable:
         tokens = size if step is prefill_step else size * (spec.num_speculative_tokens + 1)
-        return program(step, tokens, spec)
+        return program(step, tokens, spec, twin if self._twins else 0)
 
     def _run(self, step: Callable, size: int, spec: StepSpec, *plan: np.ndarray, log=None) -> jax.Array:
         """Call a jitted step on bucket `size` (rows to decode, tokens to prefill), keeping the donated caches and
         state; `out` starts copying to the host at once. A program's first call compiles it (unless compile_all
         did): that one is timed and logged (`log`, default the jaxspec logger)."""
-        fn = self._program(step, size, spec)
-        key = self._key(step, size, spec)
+        program_key = self._key(step, size, spec)
+        twin = self._next_twin.get(program_key, 0)
+        self._next_twin[program_key] = 1 - twin
+        fn = self._program(step, size, spec, twin)
+        key = program_key + (twin if self._twins else 0,)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
         plan = self._place(step, size, plan)
-        self.caches, self.state, out = fn(self.tw, self.dw, self.caches, self.state, *plan, spec)
+        out = self._outputs.pop(program_key + (twin,), None)  # (lost if the call is interrupted: made again)
+        if out is None:
+            out = self.output_buffer(step, spec, plan)
+        self.caches, self.state, out = fn(self.tw, self.dw, self.caches, self.state, out, *plan, spec=spec)
+        self._outputs[program_key + (twin,)] = out
         if first:
             self._called.add(key)
             if fn._cache_size() > programs and key not in self._precompiled:
@@ -221,32 +234,42 @@ class ModelRunner:
         out.copy_to_host_async()
         return out
 
+    def output_buffer(self, step: Callable, spec: StepSpec, plan: tuple) -> jax.Array:
+        """A device buffer for the `out` of `step` on this plan, placed as the slot state is."""
+        out = np.zeros(output_shape(step, spec, plan), np.int32)
+        return (jax.device_put(out, jax.local_devices()[0]) if self._shardings is None
+                else parallel.place(out, self._shardings.replicated))
+
     def compile_all(self, jobs: list[tuple], log=None) -> None:
         """Compile the programs of these calls, (step, bucket, spec, plan arrays) each, side by side: XLA compiles
         without holding the GIL, and a GPU's unrolled step programs take 20-60 s each, so a fresh start's dozens
         of them (every bucket, k and sampling mode) take a fraction of the time one after another. Each is traced
         here with the arguments its call will pass (so the call finds it compiled), compiled on a pool of threads,
         and logged (`log`) as it completes. Programs called or compiled before are skipped."""
-        todo, seen = [], set()
-        for step, size, spec, plan in jobs:
-            key = self._key(step, size, spec)
-            if key in self._called or key in seen:
+        for twin in (0, 1) if self._twins else (0,):  # the second twins after the first: from the disk cache
+            todo, seen = [], set()
+            for step, size, spec, plan in jobs:
+                key = self._key(step, size, spec) + (twin,)
+                if key in self._called or key in seen:
+                    continue
+                seen.add(key)
+                todo.append((key, step, size, spec, plan))
+            if not todo:
                 continue
-            seen.add(key)
-            todo.append((key, step, size, spec, plan))
-        if not todo:
-            return
-        say = log or logger.info
-        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)) as pool:
-            futures = []
-            for key, step, size, spec, plan in todo:  # tracing holds the GIL: one at a time, while others compile
-                lowered = self._program(step, size, spec).lower(self.tw, self.dw, self.caches, self.state,
-                                                                 *self._place(step, size, plan), spec)
-                futures.append((key, step, size, spec, pool.submit(_timed_compile, lowered)))
-            for key, step, size, spec, future in futures:
-                seconds = future.result()
-                self._precompiled.add(key)
-                say(f"compiled {_describe(step, size, spec)} in {seconds:.1f} s (of {len(todo)}, side by side)")
+            say = log or logger.info
+            with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)) as pool:
+                futures = []
+                for key, step, size, spec, plan in todo:  # tracing holds the GIL: one at a time, others compile
+                    plan = self._place(step, size, plan)
+                    lowered = self._program(step, size, spec, twin).lower(
+                        self.tw, self.dw, self.caches, self.state, self.output_buffer(step, spec, plan), *plan,
+                        spec=spec)
+                    futures.append((key, step, size, spec, pool.submit(_timed_compile, lowered)))
+                for key, step, size, spec, future in futures:
+                    seconds = future.result()
+                    self._precompiled.add(key)
+                    say(f"compiled {_describe(step, size, spec)}{' (twin)' if twin else ''} in {seconds:.1f} s "
+                        f"(of {len(todo)}, side by side)")
 
     def decode(self, slots: list[int], tables: np.ndarray, k: int | None = None,
                stops: np.ndarray | None = None) -> jax.Array:
@@ -359,8 +382,9 @@ class ModelRunner:
                 jobs.append((prefill_step, N, self._specs[(self.k, mode)], (tok, rows, np.zeros((R, C), np.uint32))))
         self.compile_all(jobs, log)
         out = None
-        for step, size, spec, plan in jobs:
-            out = self._run(step, size, spec, *plan, log=log)
+        for _ in range(2 if self._twins else 1):  # both twins of each program (KernelConfig.twin_programs)
+            for step, size, spec, plan in jobs:
+                out = self._run(step, size, spec, *plan, log=log)
         count = len(jobs)
         if any(kind[2] for kind in kinds):
             V, bad = self.vocab_size, np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)

@@ -4,7 +4,8 @@
 draft k new tokens with the EAGLE head, commit seq_len/last_token/drafts on device. With k = 0 (no head) it is
 plain decoding through the same code. `prefill_step` runs ragged prompt chunks of several sequences as one flat
 row, samples each finished prompt's first token and, with a head, fills the draft cache and makes the first
-drafts. The host reads only `out`: [rows, k+2] int32 = (count, tokens..., -1 padding).
+drafts. The host reads only `out`: [rows, k+2] int32 = (count, tokens..., -1 padding), written over a donated
+buffer of its shape (`compiled`).
 
 Host plan layouts (few, large arrays: each jit argument leaf costs host time per call):
   decode  rows_i32 [B, 1 + pages]: slot (== num_slots for padding rows), block table (-1 = no page)
@@ -394,21 +395,48 @@ def stable_scratch_supported() -> bool:
     return True
 
 
+def output_shape(step: Callable, spec: StepSpec, plan: tuple) -> tuple[int, ...]:
+    """The shape of the int32 `out` that `step` returns for this plan (the host layouts above): decode [B, k+2
+    (+ (k+1) W)], multi-step [num_steps, B, ...], prefill [R (+ N), 2 (+ W)]."""
+    W = 2 + 2 * spec.num_logprobs if spec.extended else 0
+    if step is prefill_step:
+        tok, rows = plan[0], plan[1]
+        return (rows.shape[0] + (tok.shape[0] if spec.prompt_logprobs else 0), 2 + W)
+    k = spec.num_speculative_tokens
+    shape = (plan[0].shape[0], k + 2 + (k + 1) * W)
+    return (spec.num_steps,) + shape if step is multi_decode_step else shape
+
+
+def _into_output(step: Callable) -> Callable:
+    """`step` with one more argument, `out`: a buffer of its output's shape (output_shape), donated, which the
+    output is written over, so that it keeps that buffer's address (ModelRunner: see KernelConfig.twin_programs)."""
+    def run(tw, dw, caches, state, out, *plan, spec):
+        caches, state, result = step(tw, dw, caches, state, *plan, spec)
+        # written over `out`: an argument left unused would be dropped, and its donation with it
+        return caches, state, jax.lax.dynamic_update_slice(out, result, (0,) * result.ndim)
+
+    run.__name__ = step.__name__  # the XLA module keeps the step's name (jit_decode_step in profiles)
+    return run
+
+
 @functools.cache
-def compiled(step: Callable, cublas: bool, stable_scratch: bool = False) -> Callable:
-    """`step` (decode_step or prefill_step) jitted, caches and slot state donated, with or without cuBLAS GEMMs
-    and the stable scratch address (KernelConfig.stable_scratch, where supported)."""
+def compiled(step: Callable, cublas: bool, stable_scratch: bool, twin: int) -> Callable:
+    """`step` (decode_step, multi_decode_step or prefill_step) jitted as _into_output(step), caches, slot state and
+    the output buffer donated, with or without cuBLAS GEMMs and the stable scratch address
+    (KernelConfig.stable_scratch, where supported); called as fn(tw, dw, caches, state, out, *plan, spec=spec).
+    `twin` 0 or 1: two jit objects of the same program, so two executables with a CUDA graph each. (Every
+    argument positional and required: functools.cache keys `f(a, b)` and `f(a, b, default)` apart.)"""
     options = {}
     if cublas:
         options["xla_gpu_enable_triton_gemm"] = False
     if stable_scratch and stable_scratch_supported():
         options.update([SCRATCH_OPTION])
-    return jax.jit(step, static_argnames=("spec",), donate_argnames=("caches", "state"),
+    return jax.jit(_into_output(step), static_argnames=("spec",), donate_argnames=("caches", "state", "out"),
                    compiler_options=options or None)
 
 
-def program(step: Callable, tokens: int, spec: StepSpec) -> Callable:
-    """The jitted `step` for a batch that runs `tokens` tokens through the model (rows x (k + 1) to decode): with
-    cuBLAS GEMMs from the spec's KernelConfig.cublas_min_tokens tokens up (see there)."""
+def program(step: Callable, tokens: int, spec: StepSpec, twin: int = 0) -> Callable:
+    """The jitted `step` (`compiled`) for a batch that runs `tokens` tokens through the model (rows x (k + 1) to
+    decode): with cuBLAS GEMMs from the spec's KernelConfig.cublas_min_tokens tokens up (see there)."""
     kernel = spec.target.kernel
-    return compiled(step, tokens >= kernel.cublas_min_tokens, kernel.stable_scratch)
+    return compiled(step, tokens >= kernel.cublas_min_tokens, kernel.stable_scratch, twin)

@@ -43,6 +43,15 @@ class KernelConfig:
     # and arrays passed fresh each step have new ones. On the H200 (SmolLM2 shapes, k = 3, batch 96, with
     # stable_scratch) launching a step took 3.0 ms of host time with fresh plan arrays, 1.0 ms with the same ones.
     resident_plan: bool = True
+    # Run each step program as two executables, alternating from call to call, each writing its output over a
+    # buffer it keeps (donated back when it next runs: two calls later, once the engine has read that output), so
+    # that nothing a step's kernels touch ever moves (one device, on a GPU: elsewhere there are no CUDA graphs).
+    # XLA re-records a program's whole CUDA graph whenever one of its buffers has moved since its last launch, and
+    # a fresh output buffer did at every call: re-recording took 0.4-1.0 ms of host time per step (traced). On the
+    # H200 (SmolLM2 shapes, steps dispatched as the async engine does): 1.57 -> 1.20 ms a step at batch 1 without
+    # speculation, 3.06 -> 2.59 at 96 rows with k = 3, 3.35 -> 2.73 with logprobs and a presence penalty. The
+    # second executable of each program comes from the persistent compilation cache when it is on.
+    twin_programs: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
