@@ -203,19 +203,21 @@ class ModelRunner:
         return (step.__name__, size, spec.num_speculative_tokens, spec.all_greedy, spec.filtered, spec.extended,
                 spec.processors, spec.prompt_logprobs, spec.num_steps)
 
-    def _program(self, step: Callable, size: int, spec: StepSpec, twin: int = 0) -> Callable:
+    @staticmethod
+    def _program(step: Callable, size: int, spec: StepSpec, twin: int = 0) -> Callable:
         tokens = size if step is prefill_step else size * (spec.num_speculative_tokens + 1)
-        return program(step, tokens, spec, twin if self._twins else 0)
+        return program(step, tokens, spec, twin)
 
     def _run(self, step: Callable, size: int, spec: StepSpec, *plan: np.ndarray, log=None) -> jax.Array:
         """Call a jitted step on bucket `size` (rows to decode, tokens to prefill), keeping the donated caches and
         state; `out` starts copying to the host at once. A program's first call compiles it (unless compile_all
         did): that one is timed and logged (`log`, default the jaxspec logger)."""
         program_key = self._key(step, size, spec)
-        twin = self._next_twin.get(program_key, 0)
+        twin = self._next_twin.get(program_key, 0)  # the output buffer's; the executable's too with twins
         self._next_twin[program_key] = 1 - twin
-        fn = self._program(step, size, spec, twin)
-        key = program_key + (twin if self._twins else 0,)
+        executable = twin if self._twins else 0
+        fn = self._program(step, size, spec, executable)
+        key = program_key + (executable,)
         first = key not in self._called  # a first call may find the program compiled already (another LLM's)
         programs = fn._cache_size() if first else 0
         t0 = time.perf_counter()
@@ -261,9 +263,10 @@ class ModelRunner:
                 futures = []
                 for key, step, size, spec, plan in todo:  # tracing holds the GIL: one at a time, others compile
                     plan = self._place(step, size, plan)
+                    if key not in self._outputs:  # the buffer the call with this twin will write over (_run)
+                        self._outputs[key] = self.output_buffer(step, spec, plan)
                     lowered = self._program(step, size, spec, twin).lower(
-                        self.tw, self.dw, self.caches, self.state, self.output_buffer(step, spec, plan), *plan,
-                        spec=spec)
+                        self.tw, self.dw, self.caches, self.state, self._outputs[key], *plan, spec=spec)
                     futures.append((key, step, size, spec, pool.submit(_timed_compile, lowered)))
                 for key, step, size, spec, future in futures:
                     seconds = future.result()
