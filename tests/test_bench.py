@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,7 @@ def test_sweep_without_the_plain_mode(tmp_path):
                                                                    ("eagle k=2 synthetic p=0.5", False)}
 
 
-def test_repeats_report_the_median_run_of_rotated_rounds(tmp_path, monkeypatch):
+def test_repeats_report_the_median_run_of_balanced_rounds(tmp_path, monkeypatch):
     """--repeats 3 with --sweep-k: every policy is timed three times, each round starting with the next policy,
     and its point is the median run, with all three figures."""
     from jaxspec.bench import throughput
@@ -167,6 +168,20 @@ def test_repeats_report_the_median_run_of_rotated_rounds(tmp_path, monkeypatch):
     assert row["paired_ratio"] == pytest.approx(sorted(x / y for x, y in zip(dynamic_runs, best_runs))[1])
     with pytest.raises(SystemExit):
         main(["--model", "no-model-needed", "--repeats", "0"])
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_round_order_puts_each_mode_first_once_and_behind_each_other_equally_often(n):
+    """A Williams design: over n rounds (2n for odd n) every mode leads once (twice) and follows every other mode
+    once (twice); a rotation of one order would keep each mode behind the same one in every round."""
+    from jaxspec.bench.throughput import round_order
+
+    rounds = [round_order(n, r) for r in range(n if n % 2 == 0 else 2 * n)]
+    assert all(sorted(order) == list(range(n)) for order in rounds)
+    times = 1 if n % 2 == 0 else 2
+    assert Counter(order[0] for order in rounds) == {m: times for m in range(n)}
+    follows = Counter((a, b) for order in rounds for a, b in zip(order, order[1:]))
+    assert follows == {(a, b): times for a in range(n) for b in range(n) if a != b}
 
 
 def test_sweep_sampling_alternates_two_settings_on_one_llm(tmp_path, monkeypatch, capsys):

@@ -145,8 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--from-json", help="render an earlier result JSON (tables, plot, RESULTS.md); runs nothing")
     s.add_argument("--label", help="name of this configuration in tables and RESULTS.md")
     s.add_argument("--repeats", type=int, default=1,
-                   help="time each point this many times, each round starting with the next mode or policy, and "
-                        "report the median run (every run's output tok/s is in the JSON)")
+                   help="time each point this many times, the modes and policies in a different order each round "
+                        "(each first once, and behind each other equally often), and report the median run (every "
+                        "run's output tok/s is in the JSON)")
     s.add_argument("--time-budget-s", type=float, default=0.0,
                    help="skip remaining runs once this many seconds have passed (0: no limit)")
 
@@ -505,7 +506,7 @@ def sweep(args, bench: Bench, src: ModelSource, prompts, counts, modes) -> None:
                 for suffix, options in sampling_settings(args)]
         runs: dict[tuple[str, bool], list[dict]] = {}
         for rep in range(args.repeats):
-            for llm, mode, policy, options in jobs[rep % len(jobs):] + jobs[:rep % len(jobs)]:
+            for llm, mode, policy, options in (jobs[i] for i in round_order(len(jobs), rep)):
                 if policy is not None:
                     llm.llm_engine.spec_policy = policy
                 for is_async in schedulings:
@@ -536,6 +537,17 @@ def policies(args, llm, label: str) -> list[tuple[str, object]]:
     dynamic = engine._sweep_dynamic
     assert isinstance(dynamic, DynamicPolicy), "--sweep-k builds the head's LLM with the dynamic policy"
     return [(f"{label} dynamic", dynamic)] + [(f"{label} k={k}", SpecPolicy(engine.k, k)) for k in range(engine.k + 1)]
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """The order of n modes in round r, a Williams design: over n rounds (2n when n is odd) each mode runs first
+    once and right after each other mode equally often. Rotating one order kept each mode behind the same one in
+    every round: a mode that always follows another LLM's run (the dynamic policy behind no speculation, in
+    --sweep-k) carried whatever that switch costs into all of its rounds."""
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
+    if n % 2 and (r // n) % 2:
+        first = first[::-1]
+    return [(i + r) % n for i in first]
 
 
 def median_point(points: list[dict]) -> dict:
