@@ -541,7 +541,7 @@ def policies(args, llm, label: str) -> list[tuple[str, object]]:
 
 def round_order(n: int, r: int) -> list[int]:
     """The order of n modes in round r, a Williams design: over n rounds (2n when n is odd) each mode runs first
-    once and right after each other mode equally often. Rotating one order kept each mode behind the same one in
+    equally often, and right after each other mode equally often. Rotating one order kept each mode behind the same one in
     every round: a mode that always follows another LLM's run (the dynamic policy behind no speculation, in
     --sweep-k) carried whatever that switch costs into all of its rounds."""
     first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
