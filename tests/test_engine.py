@@ -394,3 +394,26 @@ def test_resident_plan_keeps_its_addresses_and_changes_no_output(weights, prompt
     fresh = make_llm(weights, decode_buckets=[4, 8], kernel_config=KernelConfig(resident_plan=False))
     assert [o.outputs[0].token_ids for o in fresh.generate(prompts, GREEDY, use_tqdm=False)] == reference
     assert fresh.llm_engine.runner._plans == {}
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_appending_a_steps_tokens_at_once_equals_one_by_one(ignore_eos):
+    """OutputProcessor.append_tokens takes a step's tokens in one go when no stop rule can fire among them: for
+    random steps around stop ids, EOS, max_tokens and max_model_len, the tokens kept, the finish reason and the
+    stop reason equal those of the token-by-token rules (`_append`)."""
+    from jaxspec.engine.output_processor import OutputProcessor
+    from jaxspec.engine.sequence import Sequence
+
+    rng = np.random.default_rng(3)
+    processor = OutputProcessor(None, {2, 3}, max_model_len=60)
+    for trial in range(400):
+        params = SamplingParams(max_tokens=int(rng.integers(1, 50)), ignore_eos=ignore_eos,
+                                stop_token_ids=[[], [7], [7, 9]][int(rng.integers(3))])
+        prompt = [1] * int(rng.integers(1, 30))
+        fast, slow = (Sequence(str(trial), prompt, params, 0) for _ in range(2))
+        while not fast.is_finished:
+            tokens = rng.integers(2, 40, int(rng.integers(1, 5))).tolist()
+            processor.append_tokens(fast, tokens)
+            processor._append(slow, tokens)
+            assert (fast.output_token_ids, fast.status, fast.finish_reason, fast.stop_reason) == \
+                (slow.output_token_ids, slow.status, slow.finish_reason, slow.stop_reason), trial

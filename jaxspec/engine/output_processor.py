@@ -48,16 +48,35 @@ class OutputProcessor:
         return self._has_text(seq) and (bool(p.stop) or p.output_kind is not RequestOutputKind.FINAL_ONLY)
 
     def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: np.ndarray | None = None) -> None:
-        """Append tokens one by one until a stop rule fires; the rest are discarded, and so are their rows of
-        logprobs [len(tokens), W] (the step's logprob columns, extended steps)."""
+        """Append tokens until a stop rule fires; the rest are discarded, and so are their rows of logprobs
+        [len(tokens), W] (the step's logprob columns, extended steps). Most steps' tokens go in at once (none is a
+        stop id and the length limit is not reached: one set test and one comparison, not four tests a token); the
+        others, and every token of a request whose text is kept as it comes, one by one."""
         now = time.time()
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = now
         seq.metrics.last_token_time = now
         start = len(seq.output_token_ids)
-        self._append(seq, tokens)
+        if seq.token_rules is None:
+            seq.token_rules = self._token_rules(seq)
+        stop_ids, limit = seq.token_rules
+        if start + len(tokens) < limit and stop_ids.isdisjoint(tokens):  # no rule can fire: all of them, at once
+            seq.output_token_ids += tokens
+        else:
+            self._append(seq, tokens)
         if seq.params.logprobs is not None:  # one block per step: per-token work waits for an output to need it
             seq.logprob_rows.append(logprobs[:len(seq.output_token_ids) - start])
+
+    def _token_rules(self, seq: Sequence) -> tuple[frozenset[int], int]:
+        """(the ids that end seq, the output length at which it ends): what decides, for most steps' tokens at a
+        glance, that no stop rule fires among them (a limit of 0 sends every token through `_append`: text kept as
+        it comes, for stop strings and streams). Fixed for the sequence's life."""
+        p = seq.params
+        if self.live_text(seq):
+            return frozenset(), 0
+        ids = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_token_ids)
+        limit = self.max_model_len - len(seq.prompt_token_ids)
+        return frozenset(ids), limit if p.max_tokens is None else min(limit, p.max_tokens)
 
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
         p = seq.params

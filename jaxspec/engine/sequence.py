@@ -60,6 +60,7 @@ class Sequence:
     finish_returned: bool = False  # an output carried this sample's finish (DELTA outputs report it once)
     num_outputs: int = 0  # RequestOutputs made for the request (kept by its first sample)
     device_stops: np.ndarray | None = None  # what a multi-step dispatch checks (LLMEngine._device_stops)
+    token_rules: tuple[frozenset[int], int] | None = None  # stop ids and output limit (OutputProcessor._token_rules)
 
     def __post_init__(self) -> None:
         if self.group is None:
