@@ -146,7 +146,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--label", help="name of this configuration in tables and RESULTS.md")
     s.add_argument("--repeats", type=int, default=1,
                    help="time each point this many times, the modes and policies in a different order each round "
-                        "(each first once, and behind each other equally often), and report the median run (every "
+                        "(each first, and behind each other, equally often), and report the median run (every "
                         "run's output tok/s is in the JSON)")
     s.add_argument("--time-budget-s", type=float, default=0.0,
                    help="skip remaining runs once this many seconds have passed (0: no limit)")
@@ -541,9 +541,9 @@ def policies(args, llm, label: str) -> list[tuple[str, object]]:
 
 def round_order(n: int, r: int) -> list[int]:
     """The order of n modes in round r, a Williams design: over n rounds (2n when n is odd) each mode runs first
-    equally often, and right after each other mode equally often. Rotating one order kept each mode behind the same one in
-    every round: a mode that always follows another LLM's run (the dynamic policy behind no speculation, in
-    --sweep-k) carried whatever that switch costs into all of its rounds."""
+    equally often, and right after each other mode equally often. Rotating one order kept each mode behind the
+    same one in every round: a mode that always follows another LLM's run (the dynamic policy behind no
+    speculation, in --sweep-k) carried whatever that switch costs into all of its rounds."""
     first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
     if n % 2 and (r // n) % 2:
         first = first[::-1]
