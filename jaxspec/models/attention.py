@@ -144,9 +144,9 @@ def paged_attention_pallas(q: jax.Array, kv: KVCache, layer: jax.Array | int, ba
         from jaxspec.models.arrays import TP_AXIS
         mesh = AbstractMesh((tp,), (TP_AXIS,), axis_types=(AxisType.Auto,))
         heads = P(None, None, TP_AXIS)
-        run = jax.shard_map(run, mesh=mesh, in_specs=(heads, P(TP_AXIS), P(TP_AXIS), P(), P()), out_specs=heads,
-                            check_vma=False)
-    return run(q, k_pages, v_pages, tables + offset, q_pos).reshape(B, T, H, D)
+        run = jax.shard_map(run, mesh=mesh, in_specs=(heads, P(TP_AXIS), P(TP_AXIS), P(), P(), P()),
+                            out_specs=heads, check_vma=False)
+    return run(q, k_pages, v_pages, tables, q_pos, jnp.asarray(offset, jnp.int32)).reshape(B, T, H, D)
 
 
 def pallas_splits(rows: int, kv_heads: int, table_blocks: int, programs: int) -> int:
@@ -159,20 +159,27 @@ def pallas_splits(rows: int, kv_heads: int, table_blocks: int, programs: int) ->
 
 
 def _pallas(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, block_tables: jax.Array, q_pos: jax.Array,
-            interpret: bool, kernel: KernelConfig) -> jax.Array:
-    """q [B, T, H, D]; k_pages, v_pages [KVH, all pages, page_size, D]; block_tables [B, pages]."""
+            offset: jax.Array, interpret: bool, kernel: KernelConfig) -> jax.Array:
+    """q [B, T, H, D]; k_pages, v_pages [KVH, all pages, page_size, D]; block_tables [B, pages] of the layer whose
+    first page is `offset`."""
     B, _, _, D = q.shape
-    pages = block_tables.shape[1]
-    # the kernel walks the table in splits partitions of pages_per_block pages; Triton wants power-of-two sizes,
-    # so pad the table (padding pages lie past every length and are never read)
-    padded = 1 << (pages - 1).bit_length()
-    block_tables = jnp.pad(block_tables, ((0, 0), (0, padded - pages)))
-    per_block = min(max(1, kernel.attn_block_tokens // k_pages.shape[2]), padded)
-    splits = pallas_splits(B, k_pages.shape[0], padded // per_block, kernel.attn_programs)
+    block_tables, per_block, splits = kernel_tables(block_tables, B, k_pages.shape[0], k_pages.shape[2], kernel)
     q = q / jnp.sqrt(D).astype(q.dtype)
-    return paged_kernel.paged_attention(q, k_pages, v_pages, block_tables, q_pos, pages_per_block=per_block,
+    return paged_kernel.paged_attention(q, k_pages, v_pages, block_tables, q_pos, offset, pages_per_block=per_block,
                                         splits=splits, interpret=interpret, num_warps=kernel.attn_num_warps,
                                         num_stages=kernel.attn_num_stages)
+
+
+def kernel_tables(block_tables: jax.Array, rows: int, kv_heads: int, page_size: int,
+                  kernel: KernelConfig) -> tuple[jax.Array, int, int]:
+    """(the table padded to a power of two, pages per loop block, splits) for the kernel: it walks the table in
+    `splits` partitions of blocks of pages; Triton wants power-of-two sizes (padding pages lie past every length
+    and are never read)."""
+    pages = block_tables.shape[1]
+    padded = 1 << (pages - 1).bit_length()
+    per_block = min(max(1, kernel.attn_block_tokens // page_size), padded)
+    splits = pallas_splits(rows, kv_heads, padded // per_block, kernel.attn_programs)
+    return jnp.pad(block_tables, ((0, 0), (0, padded - pages))), per_block, splits
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KVCache | None,
