@@ -79,3 +79,34 @@ def test_tensor_parallel_pallas_equals_one_gpu():
                                warmup=False, tensor_parallel_size=tp)
         outs[tp] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outs[2] == outs[1]
+
+
+@pytest.mark.parametrize("B, T", [(1, 1), (4, 4)])
+@pytest.mark.parametrize("hidden, heads, kv_heads, head_dim, inter", [(576, 9, 3, 64, 1536), (1024, 8, 2, 128, 2816)])
+def test_fused_layers_match_xla_on_gpu(B, T, hidden, heads, kv_heads, head_dim, inter):
+    """models/fused_layer.py's kernels compiled by Triton (the CPU suite runs them in the interpreter): a decode
+    batch through two bf16 layers at SmolLM2's and Llama-3-8B's head sizes, hidden states and the written cache
+    against the XLA layers."""
+    from jaxspec.models import llama
+    from jaxspec.models.kernel_config import KernelConfig
+
+    cfg = llama.Config(vocab_size=512, hidden_size=hidden, intermediate_size=inter, num_layers=2, num_heads=heads,
+                       num_kv_heads=kv_heads, head_dim=head_dim, dtype="bfloat16")
+    w = llama.init(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    page_size, pages, num_pages = 16, 64, 4 * 64 + 8
+    k, v = (jnp.asarray(rng.standard_normal((kv_heads, 2, num_pages, page_size, head_dim)), jnp.bfloat16)
+            for _ in range(2))
+    tables = rng.permutation(num_pages)[:B * pages].reshape(B, pages)
+    positions = rng.integers(1, pages * page_size - T, B)[:, None] + np.arange(T)
+    slots = tables[np.arange(B)[:, None], positions // page_size] * page_size + positions % page_size
+    batch = AttnBatch(jnp.asarray(tables, jnp.int32), jnp.asarray(slots, jnp.int32))
+    tokens = jnp.asarray(rng.integers(0, 512, (B, T)), jnp.int32)
+    out = {}
+    for name, c in (("xla", cfg), ("fused", cfg.replace(attn_impl="pallas", kernel=KernelConfig(fused_decode=True)))):
+        h, _, kv = jax.jit(llama.forward, static_argnums=1)(w, c, tokens, jnp.asarray(positions, jnp.int32),
+                                                             KVCache(k, v), batch)
+        out[name] = (h, kv.k, kv.v)
+    # bf16 roundings that fall the other way (other sums, fewer ops) through two layers, as the CPU test
+    for name, got, want in zip(("hidden", "k", "v"), out["fused"], out["xla"]):
+        assert_close_scaled(got.astype(jnp.float32), want.astype(jnp.float32), 8 * BF16_EPS, err_msg=name)

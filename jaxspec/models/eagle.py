@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec.models import llama
+from jaxspec.models import fused_layer, llama
 from jaxspec.models.arrays import EMBED, FFW, GATE_UP, HEADS, QKV, VOCAB, ArrayInfo, init_tree
 from jaxspec.models.attention import AttnBatch, KVCache
 from jaxspec.models.kernel_config import KernelConfig
@@ -199,7 +199,14 @@ def forward(w: EagleWeights, cfg: EagleConfig, target_embed: jax.Array, tokens: 
         raise ValueError(f"{cfg.method} head: hidden has width {hidden.shape[-1]}, expected {want} "
                          f"(from_target={from_target})")
     attn_in, residual = layer_input(w, cfg, target_embed, tokens, hidden, from_target)
-    a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, llama.rope_inv_freq(lcfg), kv, 0, batch)
+    inv_freq = llama.rope_inv_freq(lcfg)
+    B, T = tokens.shape
+    if fused_layer.applies(lcfg, B * T, batch, kv):  # the layer in five kernels (no input norm), as the target's
+        plan = fused_layer.plan(lcfg, positions, batch, kv)
+        out, kv = fused_layer.layer(fused_layer.rows(attn_in), fused_layer.rows(residual), None, w.wqkv, w.wo,
+                                    w.mlp_norm, w.w_gate_up, w.w_down, lcfg, inv_freq, kv, 0, plan)
+        return fused_layer.unrows(out, B, T), kv
+    a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, inv_freq, kv, 0, batch)
     return layer_output(w, cfg, residual + a), kv
 
 

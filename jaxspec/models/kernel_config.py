@@ -53,6 +53,11 @@ class KernelConfig:
     # end to end: 792 -> 829 output tok/s at batch 1, no change beyond the runs' spread at 96 prompts. The second
     # executable of each program comes from the persistent compilation cache when it is on.
     twin_programs: bool = True
+    # Decode steps of at most 16 tokens (batch 1 to 16 without speculation, 1 to 4 with k = 3) run each Llama layer,
+    # the target's and the draft head's, as five Pallas kernels (models/fused_layer.py) instead of the ~17 XLA makes
+    # of it at batch 1, where the kernels' number, not their bytes, sets the step time. Needs the Pallas attention
+    # and one device. Off until measured on the H200 against the XLA layer.
+    fused_decode: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.models import fused_layer
 from jaxspec.models.arrays import EMBED, FFW, GATE_UP, HEADS, LAYERS, QKV, VOCAB, ArrayInfo, init_tree
 from jaxspec.json_config import read_bool, read_dict, read_float, read_int, read_list, read_str
 from jaxspec.models.attention import AttnBatch, KVCache, attention, write_kv
@@ -283,26 +284,40 @@ def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv
     `aux` concatenates the inputs of `aux_layers` ([B, T, len * H], EAGLE-3's features) or is None.
     """
     inv_freq = rope_inv_freq(cfg)
+    B, T = tokens.shape
     x = w.embed[tokens]
     aux = []
+    if fused_layer.applies(cfg, B * T, batch, kv):  # small decode batches: a layer in five kernels, on rows
+        plan = fused_layer.plan(cfg, positions, batch, kv)
+        x = fused_layer.rows(x)
+
+        def run(x, lw, kv, i):
+            return fused_layer.layer(x, x, lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down, cfg,
+                                     inv_freq, kv, i, plan)
+
+        features = lambda x: fused_layer.unrows(x, B, T)  # noqa: E731
+    else:
+        def run(x, lw, kv, i):
+            return decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
+
+        features = lambda x: x  # noqa: E731
 
     def body(carry, i):
         x, kv = carry
         lw = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), w.layers)
-        return decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch), None
+        return run(x, lw, kv, i), None
 
     # layers run in segments split at the aux layers, so EAGLE-3's features do not force an unrolled loop
     bounds = sorted({0, cfg.num_layers, *(i for i in aux_layers if i < cfg.num_layers)})
     for a, b in zip(bounds, bounds[1:]):
         if a in aux_layers:
-            aux.append(x)
+            aux.append(features(x))
         if cfg.layer_loop == "scan":
             (x, kv), _ = jax.lax.scan(body, (x, kv), jnp.arange(a, b))
         else:
             for i in range(a, b):
-                lw = jax.tree.map(lambda t: t[i], w.layers)
-                x, kv = decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
-    hidden = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+                x, kv = run(x, jax.tree.map(lambda t: t[i], w.layers), kv, i)
+    hidden = rms_norm(features(x), w.final_norm, cfg.rms_norm_eps)
     return hidden, (jnp.concatenate(aux, axis=-1) if aux else None), kv
 
 

@@ -1,0 +1,296 @@
+"""A Llama decoder layer in five Pallas GPU (Triton) kernels, for steps that run at most ROWS tokens.
+
+At batch 1 XLA runs a SmolLM2 layer as ~17 kernels of 1-3 us each (RMSNorm reductions, GEMV fusions, RoPE, two
+cache updates, the query's transpose and padding, the attention kernel, its merge, ...): on the H200 1.1 ms of
+kernels a step for 0.06 ms of weight bytes, so their number, not the bytes, sets the step time. Here a layer is
+
+1. `qkv`: RMSNorm, the q/k/v projection and RoPE; k and v written into the paged cache, q (scaled by 1/sqrt(D))
+   into the attention kernel's query blocks (paged_kernel.query_rows' layout). One program per head.
+2. paged_kernel.attend, the attention kernel, its partitions left unmerged;
+3. `attn_out`: the partitions' merge, the output projection and the residual;
+4. `linear` with a norm and SwiGLU: RMSNorm, the gate/up projection, silu(gate) * up;
+5. `linear` with a residual: the down projection and the residual.
+
+Activations between the kernels are [ROWS, width]: the step's B*T tokens, then zero rows that stay zero, so no
+kernel pads or slices. Rounding follows the XLA layer (llama.decoder_layer, the oracle) op by op: fp32
+accumulation, then the model dtype wherever XLA's ops produce it; the two agree to that dtype's rounding, not bit
+for bit (sums run in another order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxspec.models import paged_kernel
+from jaxspec.models.attention import AttnBatch, KVCache, kernel_tables
+
+ROWS = 16  # rows of every kernel's blocks: the smallest the tensor cores' dots take
+MIN_PROGRAMS = 128  # column blocks are made narrow enough for about this many programs (the H200 has 132 SMs)
+
+
+def applies(cfg, tokens: int, batch: AttnBatch | None, kv: KVCache | None) -> bool:
+    """Whether a forward of `tokens` tokens (B * T) over model config `cfg` (llama.Config) runs these kernels:
+    KernelConfig.fused_decode, the Pallas attention, one device, a decode batch (one sequence per row) over a
+    paged cache, and shapes the kernels' blocks divide."""
+    D = cfg.head_dim
+    return (cfg.kernel.fused_decode and cfg.attn_impl in ("pallas", "pallas-interpret") and cfg.tp_size == 1
+            and kv is not None and batch is not None and batch.token_rows is None and tokens <= ROWS
+            and D // 2 >= 16 and D & (D - 1) == 0
+            and all(n % 16 == 0 for n in (cfg.hidden_size, cfg.intermediate_size, cfg.q_size)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every layer of one forward shares: each row's position and cache slot, the attention kernel's tables."""
+    B: int
+    T: int
+    positions: jax.Array  # [ROWS] int32 (0 for padding rows)
+    slots: jax.Array  # [ROWS] int32: cache slot within a layer, -1: write nothing
+    tables: jax.Array  # [B, splits, pages per split] int32
+    row_len: jax.Array  # [B, R] int32: keys each query-block row sees
+    pages_per_block: int
+    interpret: bool
+
+    @property
+    def splits(self) -> int:
+        return self.tables.shape[1]
+
+
+def plan(cfg, positions: jax.Array, batch: AttnBatch, kv: KVCache) -> Plan:
+    """positions [B, T] of a decode batch over `kv`. The attention's table partitions are capped so that
+    partitions x tokens <= ROWS: `attn_out` merges them as one block of rows per head."""
+    B, T = positions.shape
+    M = B * T
+    tables, per_block, splits = kernel_tables(batch.block_tables, B, cfg.num_kv_heads, kv.page_size, cfg.kernel)
+    splits = min(splits, 1 << ((ROWS // M).bit_length() - 1))
+    pad = lambda a, value: jnp.pad(a.reshape(M).astype(jnp.int32), (0, ROWS - M), constant_values=value)  # noqa
+    return Plan(B, T, pad(positions, 0), pad(batch.slot_mapping, -1), tables.reshape(B, splits, -1),
+                paged_kernel.row_lengths(positions, cfg.num_heads // cfg.num_kv_heads).astype(jnp.int32), per_block,
+                cfg.attn_impl == "pallas-interpret")
+
+
+def rows(x: jax.Array) -> jax.Array:
+    """[B, T, W] -> [ROWS, W]: the tokens, then zero rows."""
+    x = x.reshape(-1, x.shape[-1])
+    return jnp.pad(x, ((0, ROWS - x.shape[0]), (0, 0)))
+
+
+def unrows(x: jax.Array, B: int, T: int) -> jax.Array:
+    return x[:B * T].reshape(B, T, x.shape[-1])
+
+
+def layer(x: jax.Array, residual: jax.Array, attn_norm: jax.Array | None, wqkv: jax.Array, wo: jax.Array,
+          mlp_norm: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, cfg, inv_freq: np.ndarray, kv: KVCache,
+          layer_index: jax.Array | int, p: Plan) -> tuple[jax.Array, KVCache]:
+    """One layer on rows: attention over RMSNorm(x) (x itself without attn_norm: EAGLE's head) added to
+    `residual`, then the SwiGLU MLP with its residual. Returns (the layer's output rows, kv)."""
+    kvh, L, P, S, D = kv.k.shape
+    eps = cfg.rms_norm_eps
+    q, kv = qkv(x, attn_norm, wqkv, eps, p, cfg.num_heads, inv_freq, kv, layer_index)
+    k_rows, v_rows = (c.reshape(kvh, L * P * S, D) for c in (kv.k, kv.v))  # free
+    R = p.row_len.shape[1]
+    o, l, m = paged_kernel.attend(q.reshape(p.B, kvh, R, D), k_rows, v_rows, p.tables, p.row_len, layer_index * P,
+                                  page_size=S, pages_per_block=p.pages_per_block, interpret=p.interpret,
+                                  num_warps=cfg.kernel.attn_num_warps, num_stages=cfg.kernel.attn_num_stages)
+    x = attn_out(o, l, m, wo, residual, p)
+    h = linear(x, w_gate_up, norm=mlp_norm, eps=eps, swiglu=True, interpret=p.interpret)
+    return linear(h, w_down, residual=x, interpret=p.interpret), kv
+
+
+def _params() -> plgpu.CompilerParams:
+    return plgpu.CompilerParams(num_warps=4, num_stages=3)
+
+
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a @ b accumulated in fp32; fp32 operands multiply in full precision (not TF32), as XLA's dots do."""
+    return plgpu.dot(a, b, allow_tf32=False if a.dtype == jnp.float32 else None)
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two <= cap dividing n."""
+    return min(n & -n, cap)
+
+
+def _block_n(n: int) -> int:
+    """Output columns per program: the widest block that still gives MIN_PROGRAMS programs, else 16."""
+    return next((b for b in (128, 64, 32) if n % b == 0 and n // b >= MIN_PROGRAMS), 16)
+
+
+def _div(a: jax.Array, n: int) -> jax.Array:
+    """a // n for a >= 0 (lax's truncating division: jnp's floor division adds sign fixes Triton cannot lower)."""
+    return jax.lax.div(a, jnp.asarray(n, a.dtype))
+
+
+def _rem(a: jax.Array, n: int) -> jax.Array:
+    return jax.lax.rem(a, jnp.asarray(n, a.dtype))
+
+
+def _rstd(x_ref, bk: int, eps: float) -> jax.Array:
+    """RMSNorm's 1 / rms of each row of x_ref [ROWS, K], in fp32."""
+    K = x_ref.shape[1]
+
+    def body(i, ssq):
+        x = x_ref[:, pl.ds(pl.multiple_of(i * bk, bk), bk)].astype(jnp.float32)
+        return ssq + jnp.sum(x * x, axis=1)
+
+    return jax.lax.rsqrt(jax.lax.fori_loop(0, K // bk, body, jnp.zeros((ROWS,), jnp.float32)) / K + eps)
+
+
+def _projected(x_ref, g_ref, w_ref, eps: float, bk: int, columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
+    """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width): fp32 [ROWS, width]
+    each, K in steps of bk."""
+    K = x_ref.shape[1]
+    rstd = None if g_ref is None else _rstd(x_ref, bk, eps)
+
+    def body(i, accs):
+        k0 = pl.multiple_of(i * bk, bk)
+        x = x_ref[:, pl.ds(k0, bk)]
+        if g_ref is not None:  # llama.rms_norm: normalized in fp32, cast, times the weight
+            x = (x.astype(jnp.float32) * rstd[:, None]).astype(x.dtype) * g_ref[pl.ds(k0, bk)][None, :]
+        return tuple(acc + _dot(x, w_ref[pl.ds(k0, bk), pl.ds(c, width)]) for acc, (c, width) in zip(accs, columns))
+
+    init = tuple(jnp.zeros((ROWS, width), jnp.float32) for _, width in columns)
+    return list(jax.lax.fori_loop(0, K // bk, body, init))
+
+
+def _linear_kernel(*refs, bk: int, bn: int, eps: float, norm: bool, swiglu: bool, residual: bool):
+    refs = list(refs)
+    x_ref, g_ref = refs.pop(0), refs.pop(0) if norm else None
+    w_ref, r_ref, o_ref = refs[0], refs[1] if residual else None, refs[-1]
+    N, dt = o_ref.shape[1], o_ref.dtype
+    c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
+    accs = _projected(x_ref, g_ref, w_ref, eps, bk, [(c0, bn)] + ([(N + c0, bn)] if swiglu else []))
+    y = accs[0].astype(dt)
+    if swiglu:  # llama.mlp: silu(gate) * up of the rounded projections
+        gate, up = y.astype(jnp.float32), accs[1].astype(dt).astype(jnp.float32)
+        sigmoid = (1 / (1 + jnp.exp(-gate))).astype(dt).astype(jnp.float32)
+        y = ((gate * sigmoid).astype(dt).astype(jnp.float32) * up).astype(dt)
+    if residual:
+        y = (r_ref[:, pl.ds(c0, bn)].astype(jnp.float32) + y.astype(jnp.float32)).astype(dt)
+    o_ref[:, pl.ds(c0, bn)] = y
+
+
+def linear(x: jax.Array, w: jax.Array, *, norm: jax.Array | None = None, eps: float = 0.0,
+           residual: jax.Array | None = None, swiglu: bool = False, interpret: bool = False) -> jax.Array:
+    """x [ROWS, K] @ w [K, N] -> [ROWS, N] in x's dtype; with `norm`, RMSNorm(x) * norm first; with `swiglu`, w is
+    [K, 2N] = [gate, up] and the result silu(gate) * up; with `residual` [ROWS, N], added last."""
+    K = x.shape[1]
+    N = w.shape[1] // (2 if swiglu else 1)
+    bn = _block_n(N)
+    operands = [x] + ([norm] if norm is not None else []) + [w] + ([residual] if residual is not None else [])
+    kernel = partial(_linear_kernel, bk=_pow2_divisor(K, 128), bn=bn, eps=eps, norm=norm is not None,
+                     swiglu=swiglu, residual=residual is not None)
+    return pl.pallas_call(kernel, grid=(N // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, N), x.dtype),
+                          compiler_params=_params(), interpret=interpret, name="jaxspec_linear")(*operands)
+
+
+def _qkv_kernel(*refs, bk: int, eps: float, norm: bool, heads: int, kv_heads: int, T: int, M: int, R: int):
+    refs = list(refs)
+    x_ref, g_ref = refs.pop(0), refs.pop(0) if norm else None
+    w_ref, pos_ref, freq_ref, slot_ref, base_ref, _, _, q_ref, k_ref, v_ref = refs
+    half = freq_ref.shape[0]
+    D, dt = 2 * half, q_ref.dtype
+    j = pl.program_id(0)  # head: q heads, then k heads, then v heads
+    c0 = pl.multiple_of(j * D, D)
+    lo, hi = (a.astype(dt) for a in _projected(x_ref, g_ref, w_ref, eps, bk, [(c0, half), (c0 + half, half)]))
+    angle = pos_ref[...].astype(jnp.float32)[:, None] * freq_ref[...][None, :]  # [ROWS, D/2]
+    rotate = j < heads + kv_heads  # v is not rotated: cos 1, sin 0
+    cos = jnp.where(rotate, jnp.cos(angle), 1.0).astype(dt)
+    sin = jnp.where(rotate, jnp.sin(angle), 0.0).astype(dt)
+    lo, hi = lo * cos - hi * sin, hi * cos + lo * sin  # llama.apply_rope's rotate-half
+    m = jnp.arange(ROWS)
+    valid = m < M
+    cols = jnp.arange(half)[None, :]
+    # rows not written point past the array's end as well as being masked: the GPU skips them for the mask, and
+    # Pallas's interpreter (which scatters every row) drops them for the index
+
+    @pl.when(j < heads)
+    def _():  # row (t * G + g) of the (sequence, KV head) query block, as paged_kernel.query_rows
+        group = heads // kv_heads
+        row = jnp.where(valid, (_div(m, T) * kv_heads + _div(j, group)) * R + _rem(m, T) * group + _rem(j, group),
+                        q_ref.shape[0])[:, None]
+        # paged_attention_pallas' q / sqrt(D) in the model dtype (divided in fp32: Triton has no bf16 division)
+        scale = jnp.float32(np.sqrt(D)).astype(dt).astype(jnp.float32)
+        for c, half_q in ((cols, lo), (cols + half, hi)):
+            plgpu.store(q_ref.at[row, c], (half_q.astype(jnp.float32) / scale).astype(dt), mask=valid[:, None])
+
+    slot = slot_ref[...]
+    write = valid & (slot >= 0)
+    row = jnp.where(write, base_ref[0] + slot, k_ref.shape[1])[:, None]
+    for index, ref in ((j - heads, k_ref), (j - heads - kv_heads, v_ref)):
+        @pl.when((index >= 0) & (index < kv_heads))
+        def _():
+            plgpu.store(ref.at[index, row, cols], lo, mask=write[:, None])
+            plgpu.store(ref.at[index, row, cols + half], hi, mask=write[:, None])
+
+
+def qkv(x: jax.Array, norm: jax.Array | None, wqkv: jax.Array, eps: float, p: Plan, heads: int,
+        inv_freq: np.ndarray, kv: KVCache, layer_index: jax.Array | int) -> tuple[jax.Array, KVCache]:
+    """Rows x [ROWS, K] -> the attention kernel's query blocks, flat [B * KVH * R, D] (padding rows unwritten),
+    and kv with the rows' k, v written at their slots of layer `layer_index`."""
+    kvh, L, P, S, D = kv.k.shape
+    k_flat, v_flat = (c.reshape(kvh, L * P * S, D) for c in (kv.k, kv.v))
+    R = p.row_len.shape[1]
+    operands = ([x] + ([norm] if norm is not None else [])
+                + [wqkv, p.positions, jnp.asarray(inv_freq, jnp.float32), p.slots,
+                   jnp.asarray(layer_index * P * S, jnp.int32).reshape(1), k_flat, v_flat])
+    kernel = partial(_qkv_kernel, bk=_pow2_divisor(x.shape[1], 128), eps=eps, norm=norm is not None, heads=heads,
+                     kv_heads=kvh, T=p.T, M=p.B * p.T, R=R)
+    q, k_flat, v_flat = pl.pallas_call(
+        kernel, grid=(heads + 2 * kvh,),
+        out_shape=[jax.ShapeDtypeStruct((p.B * kvh * R, D), x.dtype), k_flat, v_flat],
+        input_output_aliases={len(operands) - 2: 1, len(operands) - 1: 2},
+        compiler_params=_params(), interpret=p.interpret, name="jaxspec_qkv")(*operands)
+    return q, KVCache(k_flat.reshape(kv.k.shape), v_flat.reshape(kv.v.shape))
+
+
+def _attn_out_kernel(o_ref, l_ref, m_ref, w_ref, r_ref, out_ref, *, bn: int, B: int, T: int, kv_heads: int,
+                     R: int, splits: int):
+    D, dt = o_ref.shape[-1], out_ref.dtype
+    heads = w_ref.shape[0] // D
+    group = heads // kv_heads
+    M = B * T
+    c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
+    r = jnp.arange(ROWS)  # row r of a head's merge block: partition r // M of token r % M
+    ok = r < splits * M
+    token = _rem(r, M)
+    b, t, part = _div(token, T), _rem(token, T), _div(r, M)
+    owner = (token[None, :] == r[:, None]) & ok[None, :]  # [token, r]: r holds a partition of that token
+    mask = paged_kernel.MASK
+
+    def head(h, acc):
+        idx = jnp.where(ok, ((part * B + b) * kv_heads + _div(h, group)) * R + t * group + _rem(h, group),
+                        l_ref.shape[0])
+        m = plgpu.load(m_ref.at[idx], mask=ok, other=mask)
+        l = plgpu.load(l_ref.at[idx], mask=ok, other=0.0)
+        o = plgpu.load(o_ref.at[idx[:, None], jnp.arange(D)[None, :]], mask=ok[:, None], other=0.0)
+        m_token = jnp.max(jnp.where(owner, m[None, :], mask), axis=1)  # per token, over its partitions
+        m_all = jnp.max(jnp.where(owner, m_token[:, None], mask), axis=0)  # the same, per row r
+        weight = jnp.where(ok, jnp.exp(m - m_all), 0.0)
+        num = _dot(owner.astype(jnp.float32), o * weight[:, None])  # [token, D]
+        den = jnp.sum(jnp.where(owner, (l * weight)[None, :], 0.0), axis=1)
+        attn = (num / (den[:, None] + 1e-30)).astype(dt)
+        return acc + _dot(attn, w_ref[pl.ds(pl.multiple_of(h * D, D), D), pl.ds(c0, bn)])
+
+    acc = jax.lax.fori_loop(0, heads, head, jnp.zeros((ROWS, bn), jnp.float32))
+    out_ref[:, pl.ds(c0, bn)] = (r_ref[:, pl.ds(c0, bn)].astype(jnp.float32)
+                                 + acc.astype(dt).astype(jnp.float32)).astype(dt)
+
+
+def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, residual: jax.Array, p: Plan) -> jax.Array:
+    """paged_kernel.attend's partitions (o [splits, B, KVH, R, D], l, m) merged per token and head, projected by
+    wo [heads * D, H] and added to residual [ROWS, H]: [ROWS, H]."""
+    splits, B, kvh, R, D = o.shape
+    H = wo.shape[1]
+    bn = _block_n(H)
+    kernel = partial(_attn_out_kernel, bn=bn, B=B, T=p.T, kv_heads=kvh, R=R, splits=splits)
+    return pl.pallas_call(kernel, grid=(H // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, H), residual.dtype),
+                          compiler_params=_params(), interpret=p.interpret, name="jaxspec_attn_out")(
+        o.reshape(-1, D), l.reshape(-1), m.reshape(-1), wo, residual)
