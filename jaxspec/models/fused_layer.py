@@ -132,32 +132,30 @@ def _rem(a: jax.Array, n: int) -> jax.Array:
     return jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
 
-def _rstd(x_ref, bk: int, eps: float) -> jax.Array:
-    """RMSNorm's 1 / rms of each row of x_ref [ROWS, K], in fp32."""
-    K = x_ref.shape[1]
-
-    def body(i, ssq):
-        x = x_ref[:, pl.ds(pl.multiple_of(i * bk, bk), bk)].astype(jnp.float32)
-        return ssq + jnp.sum(x * x, axis=1)
-
-    return jax.lax.rsqrt(jax.lax.fori_loop(0, K // bk, body, jnp.zeros((ROWS,), jnp.float32)) / K + eps)
-
-
 def _projected(x_ref, g_ref, w_ref, eps: float, bk: int, columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
     """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width): fp32 [ROWS, width]
-    each, K in steps of bk."""
+    each, in one pass over K in steps of bk. The norm's 1/rms is a factor of each row, so it scales the sums at the
+    end while the pass adds up the squares (llama.rms_norm rounds x/rms to the model dtype before the weight;
+    here x * weight is rounded: the same number of roundings, not a pre-pass over x whose loads wait in turn)."""
     K = x_ref.shape[1]
-    rstd = None if g_ref is None else _rstd(x_ref, bk, eps)
 
-    def body(i, accs):
+    def body(i, carry):
+        ssq, accs = carry
         k0 = pl.multiple_of(i * bk, bk)
         x = x_ref[:, pl.ds(k0, bk)]
-        if g_ref is not None:  # llama.rms_norm: normalized in fp32, cast, times the weight
-            x = (x.astype(jnp.float32) * rstd[:, None]).astype(x.dtype) * g_ref[pl.ds(k0, bk)][None, :]
-        return tuple(acc + _dot(x, w_ref[pl.ds(k0, bk), pl.ds(c, width)]) for acc, (c, width) in zip(accs, columns))
+        if g_ref is not None:
+            x32 = x.astype(jnp.float32)
+            ssq = ssq + jnp.sum(x32 * x32, axis=1)
+            x = x * g_ref[pl.ds(k0, bk)][None, :]
+        accs = tuple(acc + _dot(x, w_ref[pl.ds(k0, bk), pl.ds(c, width)]) for acc, (c, width) in zip(accs, columns))
+        return ssq, accs
 
-    init = tuple(jnp.zeros((ROWS, width), jnp.float32) for _, width in columns)
-    return list(jax.lax.fori_loop(0, K // bk, body, init))
+    init = (jnp.zeros((ROWS,), jnp.float32), tuple(jnp.zeros((ROWS, width), jnp.float32) for _, width in columns))
+    ssq, accs = jax.lax.fori_loop(0, K // bk, body, init)
+    if g_ref is None:
+        return list(accs)
+    rstd = jax.lax.rsqrt(ssq / K + eps)[:, None]
+    return [acc * rstd for acc in accs]
 
 
 def _linear_kernel(*refs, bk: int, bn: int, eps: float, norm: bool, swiglu: bool, residual: bool):
@@ -266,8 +264,7 @@ def _attn_out_kernel(o_ref, l_ref, m_ref, w_ref, r_ref, out_ref, *, bn: int, B: 
     mask = paged_kernel.MASK
 
     def head(h, acc):
-        idx = jnp.where(ok, ((part * B + b) * kv_heads + _div(h, group)) * R + t * group + _rem(h, group),
-                        l_ref.shape[0])
+        idx = jnp.where(ok, ((part * B + b) * kv_heads + h // group) * R + t * group + h % group, l_ref.shape[0])
         m = plgpu.load(m_ref.at[idx], mask=ok, other=mask)
         l = plgpu.load(l_ref.at[idx], mask=ok, other=0.0)
         o = plgpu.load(o_ref.at[idx[:, None], jnp.arange(D)[None, :]], mask=ok[:, None], other=0.0)
@@ -277,9 +274,11 @@ def _attn_out_kernel(o_ref, l_ref, m_ref, w_ref, r_ref, out_ref, *, bn: int, B: 
         num = _dot(owner.astype(jnp.float32), o * weight[:, None])  # [token, D]
         den = jnp.sum(jnp.where(owner, (l * weight)[None, :], 0.0), axis=1)
         attn = (num / (den[:, None] + 1e-30)).astype(dt)
-        return acc + _dot(attn, w_ref[pl.ds(pl.multiple_of(h * D, D), D), pl.ds(c0, bn)])
+        return acc + _dot(attn, w_ref[pl.ds(h * D, D), pl.ds(c0, bn)])
 
-    acc = jax.lax.fori_loop(0, heads, head, jnp.zeros((ROWS, bn), jnp.float32))
+    acc = jnp.zeros((ROWS, bn), jnp.float32)
+    for h in range(heads):  # unrolled: each head's gathers are independent, so they can all be in flight at once
+        acc = head(h, acc)
     out_ref[:, pl.ds(c0, bn)] = (r_ref[:, pl.ds(c0, bn)].astype(jnp.float32)
                                  + acc.astype(dt).astype(jnp.float32)).astype(dt)
 
