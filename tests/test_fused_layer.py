@@ -178,7 +178,8 @@ def test_kernels_lower_to_triton_for_a_gpu():
 def test_engine_greedy_output_equals_the_xla_layers(monkeypatch):
     """The engine with the fused layers (batches of up to 4 x (k + 1) = 16 tokens) gives the XLA layers' greedy
     tokens, with and without a draft head (random: its drafts mostly rejected, every verify still runs 4 tokens),
-    in fp32; its decode programs run the target's layers and the head's passes fused."""
+    one step or three a dispatch, in fp32; its decode programs run the target's layers and the head's passes
+    fused."""
     traced = []  # for each fused layer traced: the target's (it has an input norm) or the head's
     layer = fused_layer.layer
     monkeypatch.setattr(fused_layer, "layer", lambda x, residual, attn_norm, *a: traced.append(
@@ -188,12 +189,14 @@ def test_engine_greedy_output_equals_the_xla_layers(monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     args = dict(max_model_len=96, max_num_seqs=4, max_num_batched_tokens=64, page_size=8, warmup=False,
                 decode_buckets=[4], prefill_buckets=[64], load_format="dummy")
-    for spec in (None, {"method": "eagle", "model": "dummy", "num_speculative_tokens": 3}):
+    head = {"method": "eagle", "model": "dummy", "num_speculative_tokens": 3}
+    for spec, steps in ((None, 1), (head, 1), (None, 3)):  # and 3 steps a dispatch (multi_decode_step)
         outs = {}
         for name, impl, kernel in (("xla", "xla", KernelConfig()), ("fused", "pallas-interpret", FUSED)):
-            llm = LLM.from_weights(CFG, w, speculative_config=spec, attn_impl=impl, kernel_config=kernel, **args)
+            llm = LLM.from_weights(CFG, w, speculative_config=spec, attn_impl=impl, kernel_config=kernel,
+                                   num_scheduler_steps=steps, **args)
             outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        assert outs["fused"] == outs["xla"], spec
+        assert outs["fused"] == outs["xla"], (spec, steps)
     # the target's layers in the decode programs without and with the head (scanned on the CPU: one trace each),
     # the head's pass over the verified tokens and its k - 1 rollout passes
     assert traced.count("target") >= 2 and traced.count("head") >= 3, traced
