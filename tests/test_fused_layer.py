@@ -175,6 +175,38 @@ def test_kernels_lower_to_triton_for_a_gpu():
         assert len(calls) == 5, calls
 
 
+def test_kernels_compile_to_gpu_machine_code(tmp_path, monkeypatch):
+    """Past lowering: the Triton IR Pallas makes of each kernel (what XLA compiles on a GPU) compiles to H200 (sm_90)
+    machine code with the triton package's compiler and ptxas, at SmolLM2's and Llama-3-8B's shapes, 16 tokens. A
+    check of the kernels' shapes, layouts and ops against Triton's own rules, which the interpreter does not apply;
+    the triton package is not jaxlib's Triton, so this is evidence, and tests/test_gpu.py the proof."""
+    triton = pytest.importorskip("triton")
+    from jax._src.pallas.triton import lowering
+    from triton.backends.compiler import GPUTarget
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    modules = []
+    make = lowering.lower_jaxpr_to_triton_module
+    monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", lambda *a, **kw: modules.append(
+        make(*a, **kw)) or modules[-1])
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    for hidden, heads, kv_heads, head_dim, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
+        cfg = llama.Config(vocab_size=1024, hidden_size=hidden, intermediate_size=inter, num_layers=1,
+                           num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype="bfloat16",
+                           attn_impl="pallas", kernel=FUSED)
+        w = jax.eval_shape(lambda: llama.init(cfg, jax.random.key(0)))  # noqa: B023
+        kv = attn.KVCache(*(jax.ShapeDtypeStruct((kv_heads, 1, 64, 16, head_dim), jnp.bfloat16) for _ in range(2)))
+        jax.jit(lambda w, t, p, kv, b: llama.forward(w, cfg, t, p, kv, b)).trace(  # noqa: B023
+            w, i32(4, 4), i32(4, 4), kv, attn.AttnBatch(i32(4, 8), i32(4, 4))).lower(lowering_platforms=("cuda",))
+    assert len(modules) == 10
+    for i, result in enumerate(modules):
+        path = tmp_path / f"kernel{i}.ttir"
+        path.write_text(result.module.operation.get_asm(enable_debug_info=False))
+        compiled = triton.compile(str(path), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
+                                                                                        "num_stages": 3})
+        assert compiled.asm["cubin"], path
+
+
 def test_engine_greedy_output_equals_the_xla_layers(monkeypatch):
     """The engine with the fused layers (batches of up to 4 x (k + 1) = 16 tokens) gives the XLA layers' greedy
     tokens, with and without a draft head (random: its drafts mostly rejected, every verify still runs 4 tokens),
