@@ -114,11 +114,6 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return plgpu.dot(a, b, allow_tf32=False if a.dtype == jnp.float32 else None)
 
 
-def _pow2_divisor(n: int, cap: int) -> int:
-    """The largest power of two <= cap dividing n."""
-    return min(n & -n, cap)
-
-
 def _block_n(n: int) -> int:
     """Output columns per program: the widest block that still gives MIN_PROGRAMS programs, else 16."""
     return next((b for b in (128, 64, 32) if n % b == 0 and n // b >= MIN_PROGRAMS), 16)
@@ -133,39 +128,57 @@ def _rem(a: jax.Array, n: int) -> jax.Array:
     return jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
 
-def _projected(x_ref, g_ref, w_ref, eps: float, bk: int, columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
+def _projected(x_ref, g_ref, w_ref, eps: float, columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
     """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width): fp32 [ROWS, width]
-    each, in one pass over K in steps of bk. The norm's 1/rms is a factor of each row, so it scales the sums at the
-    end while the pass adds up the squares (llama.rms_norm rounds x/rms to the model dtype before the weight;
-    here x * weight is rounded: the same number of roundings, not a pre-pass over x whose loads wait in turn)."""
+    each, in one pass over K in steps of _block_k (the last step masked where they do not divide K). The norm's
+    1/rms is a factor of each row, so it scales the sums at the end while the pass adds up the squares
+    (llama.rms_norm rounds x/rms to the model dtype before the weight; here x * weight is rounded: as many
+    roundings, and no pre-pass over x whose loads would wait in turn)."""
     K = x_ref.shape[1]
+    bk = _block_k(K, sum(width for _, width in columns) * w_ref.dtype.itemsize)
+    tail = K % bk != 0
 
     def body(i, carry):
         ssq, accs = carry
         k0 = pl.multiple_of(i * bk, bk)
-        x = x_ref[:, pl.ds(k0, bk)]
+        keys = pl.ds(k0, bk)
+        inside = k0 + jnp.arange(bk) < K if tail else None
+        x = _load(x_ref.at[:, keys], None if inside is None else inside[None, :])
         if g_ref is not None:
             x32 = x.astype(jnp.float32)
             ssq = ssq + jnp.sum(x32 * x32, axis=1)
-            x = x * g_ref[pl.ds(k0, bk)][None, :]
-        accs = tuple(acc + _dot(x, w_ref[pl.ds(k0, bk), pl.ds(c, width)]) for acc, (c, width) in zip(accs, columns))
+            x = x * _load(g_ref.at[keys], inside)[None, :]
+        accs = tuple(acc + _dot(x, _load(w_ref.at[keys, pl.ds(c, width)], None if inside is None else inside[:, None]))
+                     for acc, (c, width) in zip(accs, columns))
         return ssq, accs
 
     init = (jnp.zeros((ROWS,), jnp.float32), tuple(jnp.zeros((ROWS, width), jnp.float32) for _, width in columns))
-    ssq, accs = jax.lax.fori_loop(0, K // bk, body, init)
+    ssq, accs = jax.lax.fori_loop(0, pl.cdiv(K, bk), body, init)
     if g_ref is None:
         return list(accs)
     rstd = jax.lax.rsqrt(ssq / K + eps)[:, None]
     return [acc * rstd for acc in accs]
 
 
-def _linear_kernel(*refs, bk: int, bn: int, eps: float, norm: bool, swiglu: bool, residual: bool):
+def _load(ref, mask: jax.Array | None) -> jax.Array:
+    return ref[...] if mask is None else plgpu.load(ref, mask=mask, other=0)
+
+
+def _block_k(K: int, row_bytes: int) -> int:
+    """Rows of x's and w's blocks per step (w's rows `row_bytes` wide): few steps, since a program's loads are few
+    and small, and their latency, not their bytes, is what it waits for (a short loop's steps can all be in flight
+    at once, Triton pipelining them); at most 256, at most K, and w's block at most 32 KB (in shared memory, once
+    per pipeline stage)."""
+    return min(256, 1 << (K.bit_length() - 1), max(16, 32768 // row_bytes))
+
+
+def _linear_kernel(*refs, bn: int, eps: float, norm: bool, swiglu: bool, residual: bool):
     refs = list(refs)
     x_ref, g_ref = refs.pop(0), refs.pop(0) if norm else None
     w_ref, r_ref, o_ref = refs[0], refs[1] if residual else None, refs[-1]
     N, dt = o_ref.shape[1], o_ref.dtype
     c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
-    accs = _projected(x_ref, g_ref, w_ref, eps, bk, [(c0, bn)] + ([(N + c0, bn)] if swiglu else []))
+    accs = _projected(x_ref, g_ref, w_ref, eps, [(c0, bn)] + ([(N + c0, bn)] if swiglu else []))
     y = accs[0].astype(dt)
     if swiglu:  # llama.mlp: silu(gate) * up of the rounded projections
         gate, up = y.astype(jnp.float32), accs[1].astype(dt).astype(jnp.float32)
@@ -180,17 +193,16 @@ def linear(x: jax.Array, w: jax.Array, *, norm: jax.Array | None = None, eps: fl
            residual: jax.Array | None = None, swiglu: bool = False, interpret: bool = False) -> jax.Array:
     """x [ROWS, K] @ w [K, N] -> [ROWS, N] in x's dtype; with `norm`, RMSNorm(x) * norm first; with `swiglu`, w is
     [K, 2N] = [gate, up] and the result silu(gate) * up; with `residual` [ROWS, N], added last."""
-    K = x.shape[1]
     N = w.shape[1] // (2 if swiglu else 1)
     bn = _block_n(N)
     operands = [x] + ([norm] if norm is not None else []) + [w] + ([residual] if residual is not None else [])
-    kernel = partial(_linear_kernel, bk=_pow2_divisor(K, 128), bn=bn, eps=eps, norm=norm is not None,
-                     swiglu=swiglu, residual=residual is not None)
+    kernel = partial(_linear_kernel, bn=bn, eps=eps, norm=norm is not None, swiglu=swiglu,
+                     residual=residual is not None)
     return pl.pallas_call(kernel, grid=(N // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, N), x.dtype),
                           compiler_params=_params(), interpret=interpret, name="jaxspec_linear")(*operands)
 
 
-def _qkv_kernel(*refs, bk: int, eps: float, norm: bool, heads: int, kv_heads: int, T: int, M: int, R: int):
+def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int, M: int, R: int):
     refs = list(refs)
     x_ref, g_ref = refs.pop(0), refs.pop(0) if norm else None
     w_ref, pos_ref, freq_ref, slot_ref, base_ref, _, _, q_ref, k_ref, v_ref = refs
@@ -198,7 +210,7 @@ def _qkv_kernel(*refs, bk: int, eps: float, norm: bool, heads: int, kv_heads: in
     D, dt = 2 * half, q_ref.dtype
     j = pl.program_id(0)  # head: q heads, then k heads, then v heads
     c0 = pl.multiple_of(j * D, D)
-    lo, hi = (a.astype(dt) for a in _projected(x_ref, g_ref, w_ref, eps, bk, [(c0, half), (c0 + half, half)]))
+    lo, hi = (a.astype(dt) for a in _projected(x_ref, g_ref, w_ref, eps, [(c0, half), (c0 + half, half)]))
     angle = pos_ref[...].astype(jnp.float32)[:, None] * freq_ref[...][None, :]  # [ROWS, D/2]
     rotate = j < heads + kv_heads  # v is not rotated: cos 1, sin 0
     cos = jnp.where(rotate, jnp.cos(angle), 1.0).astype(dt)
@@ -240,7 +252,7 @@ def qkv(x: jax.Array, norm: jax.Array | None, wqkv: jax.Array, eps: float, p: Pl
     operands = ([x] + ([norm] if norm is not None else [])
                 + [wqkv, p.positions, jnp.asarray(inv_freq, jnp.float32), p.slots,
                    jnp.asarray(layer_index * P * S, jnp.int32).reshape(1), k_flat, v_flat])
-    kernel = partial(_qkv_kernel, bk=_pow2_divisor(x.shape[1], 128), eps=eps, norm=norm is not None, heads=heads,
+    kernel = partial(_qkv_kernel, eps=eps, norm=norm is not None, heads=heads,
                      kv_heads=kvh, T=p.T, M=p.B * p.T, R=R)
     q, k_flat, v_flat = pl.pallas_call(
         kernel, grid=(heads + 2 * kvh,),
