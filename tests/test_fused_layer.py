@@ -62,8 +62,9 @@ def test_linear_kernel_equals_the_xla_ops(norm, swiglu, residual):
     x = fused_layer.rows(_rows(rng, (1, 5, K)))
     g, w, r = _rows(rng, (K,)), _rows(rng, (K, 2 * N if swiglu else N)) / np.sqrt(K), fused_layer.rows(
         _rows(rng, (1, 5, N)))
-    out = fused_layer.linear(x, w, norm=g if norm else None, eps=1e-5, residual=r if residual else None,
-                             swiglu=swiglu, interpret=True)
+    stack = jnp.stack([w * 2, w])  # layer 1 of two
+    out = fused_layer.linear(x, stack, jnp.ones((1,), jnp.int32), norm=jnp.stack([g * 3, g]) if norm else None,
+                             eps=1e-5, residual=r if residual else None, swiglu=swiglu, interpret=True)
     h = llama.rms_norm(x, g, 1e-5) if norm else x
     h = h @ w
     if swiglu:

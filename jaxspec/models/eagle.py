@@ -203,8 +203,10 @@ def forward(w: EagleWeights, cfg: EagleConfig, target_embed: jax.Array, tokens: 
     B, T = tokens.shape
     if fused_layer.applies(lcfg, B * T, batch, kv):  # the layer in five kernels (no input norm), as the target's
         plan = fused_layer.plan(lcfg, positions, batch, kv)
-        out, kv = fused_layer.layer(fused_layer.rows(attn_in), fused_layer.rows(residual), None, w.wqkv, w.wo,
-                                    w.mlp_norm, w.w_gate_up, w.w_down, lcfg, inv_freq, kv, 0, plan)
+        one = lambda a: a[None]  # noqa: E731  (the head's one layer, stacked as the kernels read weights)
+        out, kv = fused_layer.layer(fused_layer.rows(attn_in), fused_layer.rows(residual), None, one(w.wqkv),
+                                    one(w.wo), one(w.mlp_norm), one(w.w_gate_up), one(w.w_down), lcfg, inv_freq, kv,
+                                    0, plan)
         return fused_layer.unrows(out, B, T), kv
     a, kv = llama.attention_block(attn_in, w.wqkv, w.wo, positions, lcfg, inv_freq, kv, 0, batch)
     return layer_output(w, cfg, residual + a), kv

@@ -90,19 +90,22 @@ def unrows(x: jax.Array, B: int, T: int) -> jax.Array:
 def layer(x: jax.Array, residual: jax.Array, attn_norm: jax.Array | None, wqkv: jax.Array, wo: jax.Array,
           mlp_norm: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, cfg, inv_freq: np.ndarray, kv: KVCache,
           layer_index: jax.Array | int, p: Plan) -> tuple[jax.Array, KVCache]:
-    """One layer on rows: attention over RMSNorm(x) (x itself without attn_norm: EAGLE's head) added to
-    `residual`, then the SwiGLU MLP with its residual. Returns (the layer's output rows, kv)."""
+    """Layer `layer_index` on rows: attention over RMSNorm(x) (x itself without attn_norm: EAGLE's head) added to
+    `residual`, then the SwiGLU MLP with its residual. The weights are the stacked [L, ...] arrays (the head's
+    own with a leading axis of 1), read at `layer_index` inside the kernels: an XLA slice of them handed to a
+    kernel was a copy, six a layer. Returns (the layer's output rows, kv)."""
     kvh, L, P, S, D = kv.k.shape
     eps = cfg.rms_norm_eps
-    q, kv = qkv(x, attn_norm, wqkv, eps, p, cfg.num_heads, inv_freq, kv, layer_index)
+    index = jnp.asarray(layer_index, jnp.int32).reshape(1)
+    q, kv = qkv(x, attn_norm, wqkv, eps, p, cfg.num_heads, inv_freq, kv, index)
     k_rows, v_rows = (c.reshape(kvh, L * P * S, D) for c in (kv.k, kv.v))  # free
     R = p.row_len.shape[1]
     o, l, m = paged_kernel.attend(q.reshape(p.B, kvh, R, D), k_rows, v_rows, p.tables, p.row_len, layer_index * P,
                                   page_size=S, pages_per_block=p.pages_per_block, interpret=p.interpret,
                                   num_warps=cfg.kernel.attn_num_warps, num_stages=cfg.kernel.attn_num_stages)
-    x = attn_out(o, l, m, wo, residual, p)
-    h = linear(x, w_gate_up, norm=mlp_norm, eps=eps, swiglu=True, interpret=p.interpret)
-    return linear(h, w_down, residual=x, interpret=p.interpret), kv
+    x = attn_out(o, l, m, wo, index, residual, p)
+    h = linear(x, w_gate_up, index, norm=mlp_norm, eps=eps, swiglu=True, interpret=p.interpret)
+    return linear(h, w_down, index, residual=x, interpret=p.interpret), kv
 
 
 def _params() -> plgpu.CompilerParams:
@@ -128,8 +131,10 @@ def _rem(a: jax.Array, n: int) -> jax.Array:
     return jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
 
-def _projected(x_ref, g_ref, w_ref, eps: float, columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
-    """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width): fp32 [ROWS, width]
+def _projected(x_ref, g_ref, w_ref, layer: jax.Array, eps: float,
+               columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
+    """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width), norm and w at index
+    `layer` of their stacked refs (g_ref [L, K], w_ref [L, K, N]): fp32 [ROWS, width]
     each, in one pass over K in steps of _block_k (the last step masked where they do not divide K). The norm's
     1/rms is a factor of each row, so it scales the sums at the end while the pass adds up the squares
     (llama.rms_norm rounds x/rms to the model dtype before the weight; here x * weight is rounded: as many
@@ -147,8 +152,9 @@ def _projected(x_ref, g_ref, w_ref, eps: float, columns: list[tuple[jax.Array, i
         if g_ref is not None:
             x32 = x.astype(jnp.float32)
             ssq = ssq + jnp.sum(x32 * x32, axis=1)
-            x = x * _load(g_ref.at[keys], inside)[None, :]
-        accs = tuple(acc + _dot(x, _load(w_ref.at[keys, pl.ds(c, width)], None if inside is None else inside[:, None]))
+            x = x * _load(g_ref.at[layer, keys], inside)[None, :]
+        accs = tuple(acc + _dot(x, _load(w_ref.at[layer, keys, pl.ds(c, width)],
+                                         None if inside is None else inside[:, None]))
                      for acc, (c, width) in zip(accs, columns))
         return ssq, accs
 
@@ -174,11 +180,11 @@ def _block_k(K: int, row_bytes: int) -> int:
 
 def _linear_kernel(*refs, bn: int, eps: float, norm: bool, swiglu: bool, residual: bool):
     refs = list(refs)
-    x_ref, g_ref = refs.pop(0), refs.pop(0) if norm else None
+    x_ref, layer_ref, g_ref = refs.pop(0), refs.pop(0), refs.pop(0) if norm else None
     w_ref, r_ref, o_ref = refs[0], refs[1] if residual else None, refs[-1]
     N, dt = o_ref.shape[1], o_ref.dtype
     c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
-    accs = _projected(x_ref, g_ref, w_ref, eps, [(c0, bn)] + ([(N + c0, bn)] if swiglu else []))
+    accs = _projected(x_ref, g_ref, w_ref, layer_ref[0], eps, [(c0, bn)] + ([(N + c0, bn)] if swiglu else []))
     y = accs[0].astype(dt)
     if swiglu:  # llama.mlp: silu(gate) * up of the rounded projections
         gate, up = y.astype(jnp.float32), accs[1].astype(dt).astype(jnp.float32)
@@ -189,28 +195,32 @@ def _linear_kernel(*refs, bn: int, eps: float, norm: bool, swiglu: bool, residua
     o_ref[:, pl.ds(c0, bn)] = y
 
 
-def linear(x: jax.Array, w: jax.Array, *, norm: jax.Array | None = None, eps: float = 0.0,
+def linear(x: jax.Array, w: jax.Array, layer: jax.Array, *, norm: jax.Array | None = None, eps: float = 0.0,
            residual: jax.Array | None = None, swiglu: bool = False, interpret: bool = False) -> jax.Array:
-    """x [ROWS, K] @ w [K, N] -> [ROWS, N] in x's dtype; with `norm`, RMSNorm(x) * norm first; with `swiglu`, w is
-    [K, 2N] = [gate, up] and the result silu(gate) * up; with `residual` [ROWS, N], added last."""
-    N = w.shape[1] // (2 if swiglu else 1)
+    """x [ROWS, K] @ w[layer] -> [ROWS, N] in x's dtype, w stacked [L, K, N] and layer [1] int32; with `norm`
+    ([L, K]), RMSNorm(x) * norm[layer] first; with `swiglu`, w is [L, K, 2N] = [gate, up] and the result
+    silu(gate) * up; with `residual` [ROWS, N], added last."""
+    N = w.shape[2] // (2 if swiglu else 1)
     bn = _block_n(N)
-    operands = [x] + ([norm] if norm is not None else []) + [w] + ([residual] if residual is not None else [])
+    operands = ([x, layer] + ([norm] if norm is not None else []) + [w]
+                + ([residual] if residual is not None else []))
     kernel = partial(_linear_kernel, bn=bn, eps=eps, norm=norm is not None, swiglu=swiglu,
                      residual=residual is not None)
     return pl.pallas_call(kernel, grid=(N // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, N), x.dtype),
                           compiler_params=_params(), interpret=interpret, name="jaxspec_linear")(*operands)
 
 
-def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int, M: int, R: int):
+def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int, M: int, R: int,
+                layer_slots: int):
     refs = list(refs)
-    x_ref, g_ref = refs.pop(0), refs.pop(0) if norm else None
-    w_ref, pos_ref, freq_ref, slot_ref, base_ref, _, _, q_ref, k_ref, v_ref = refs
+    x_ref, layer_ref, g_ref = refs.pop(0), refs.pop(0), refs.pop(0) if norm else None
+    w_ref, pos_ref, freq_ref, slot_ref, _, _, q_ref, k_ref, v_ref = refs
     half = freq_ref.shape[0]
     D, dt = 2 * half, q_ref.dtype
     j = pl.program_id(0)  # head: q heads, then k heads, then v heads
     c0 = pl.multiple_of(j * D, D)
-    lo, hi = (a.astype(dt) for a in _projected(x_ref, g_ref, w_ref, eps, [(c0, half), (c0 + half, half)]))
+    layer = layer_ref[0]
+    lo, hi = (a.astype(dt) for a in _projected(x_ref, g_ref, w_ref, layer, eps, [(c0, half), (c0 + half, half)]))
     angle = pos_ref[...].astype(jnp.float32)[:, None] * freq_ref[...][None, :]  # [ROWS, D/2]
     rotate = j < heads + kv_heads  # v is not rotated: cos 1, sin 0
     cos = jnp.where(rotate, jnp.cos(angle), 1.0).astype(dt)
@@ -234,7 +244,7 @@ def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int
 
     slot = slot_ref[...]
     write = valid & (slot >= 0)
-    row = jnp.where(write, base_ref[0] + slot, k_ref.shape[1])[:, None]
+    row = jnp.where(write, layer * layer_slots + slot, k_ref.shape[1])[:, None]
     for index, ref in ((j - heads, k_ref), (j - heads - kv_heads, v_ref)):
         @pl.when((index >= 0) & (index < kv_heads))
         def _():
@@ -243,17 +253,17 @@ def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int
 
 
 def qkv(x: jax.Array, norm: jax.Array | None, wqkv: jax.Array, eps: float, p: Plan, heads: int,
-        inv_freq: np.ndarray, kv: KVCache, layer_index: jax.Array | int) -> tuple[jax.Array, KVCache]:
-    """Rows x [ROWS, K] -> the attention kernel's query blocks, flat [B * KVH * R, D] (padding rows unwritten),
-    and kv with the rows' k, v written at their slots of layer `layer_index`."""
+        inv_freq: np.ndarray, kv: KVCache, layer: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Rows x [ROWS, K] through layer `layer` ([1] int32) of the stacked norm [L, K] and wqkv [L, K, N] -> the
+    attention kernel's query blocks, flat [B * KVH * R, D] (padding rows unwritten), and kv with the rows' k, v
+    written at their slots of that layer."""
     kvh, L, P, S, D = kv.k.shape
     k_flat, v_flat = (c.reshape(kvh, L * P * S, D) for c in (kv.k, kv.v))
     R = p.row_len.shape[1]
-    operands = ([x] + ([norm] if norm is not None else [])
-                + [wqkv, p.positions, jnp.asarray(inv_freq, jnp.float32), p.slots,
-                   jnp.asarray(layer_index * P * S, jnp.int32).reshape(1), k_flat, v_flat])
-    kernel = partial(_qkv_kernel, eps=eps, norm=norm is not None, heads=heads,
-                     kv_heads=kvh, T=p.T, M=p.B * p.T, R=R)
+    operands = ([x, layer] + ([norm] if norm is not None else [])
+                + [wqkv, p.positions, jnp.asarray(inv_freq, jnp.float32), p.slots, k_flat, v_flat])
+    kernel = partial(_qkv_kernel, eps=eps, norm=norm is not None, heads=heads, kv_heads=kvh, T=p.T, M=p.B * p.T,
+                     R=R, layer_slots=P * S)
     q, k_flat, v_flat = pl.pallas_call(
         kernel, grid=(heads + 2 * kvh,),
         out_shape=[jax.ShapeDtypeStruct((p.B * kvh * R, D), x.dtype), k_flat, v_flat],
@@ -262,10 +272,11 @@ def qkv(x: jax.Array, norm: jax.Array | None, wqkv: jax.Array, eps: float, p: Pl
     return q, KVCache(k_flat.reshape(kv.k.shape), v_flat.reshape(kv.v.shape))
 
 
-def _attn_out_kernel(o_ref, l_ref, m_ref, w_ref, r_ref, out_ref, *, bn: int, B: int, T: int, kv_heads: int,
-                     R: int, splits: int):
+def _attn_out_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref, *, bn: int, B: int, T: int,
+                     kv_heads: int, R: int, splits: int):
     D, dt = o_ref.shape[-1], out_ref.dtype
-    heads = w_ref.shape[0] // D
+    heads = w_ref.shape[1] // D
+    layer = layer_ref[0]
     group = heads // kv_heads
     M = B * T
     c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
@@ -288,7 +299,7 @@ def _attn_out_kernel(o_ref, l_ref, m_ref, w_ref, r_ref, out_ref, *, bn: int, B: 
         num = _dot(owner.astype(jnp.float32), o * weight[:, None])  # [token, D]
         den = jnp.sum(jnp.where(owner, (l * weight)[None, :], 0.0), axis=1)
         attn = (num / (den[:, None] + 1e-30)).astype(dt)
-        return acc + _dot(attn, w_ref[pl.ds(pl.multiple_of(h * D, D), D), pl.ds(c0, bn)])
+        return acc + _dot(attn, w_ref[layer, pl.ds(pl.multiple_of(h * D, D), D), pl.ds(c0, bn)])
 
     # heads unrolled in groups (each head's gathers are independent, so a group's can be in flight together); a
     # loop over the groups: 32 heads unrolled took Triton 12 s to compile, 8 used all 255 registers
@@ -304,13 +315,14 @@ def _attn_out_kernel(o_ref, l_ref, m_ref, w_ref, r_ref, out_ref, *, bn: int, B: 
                                  + acc.astype(dt).astype(jnp.float32)).astype(dt)
 
 
-def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, residual: jax.Array, p: Plan) -> jax.Array:
+def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, layer: jax.Array, residual: jax.Array,
+             p: Plan) -> jax.Array:
     """paged_kernel.attend's partitions (o [splits, B, KVH, R, D], l, m) merged per token and head, projected by
-    wo [heads * D, H] and added to residual [ROWS, H]: [ROWS, H]."""
+    wo[layer] (stacked [L, heads * D, H]; layer [1] int32) and added to residual [ROWS, H]: [ROWS, H]."""
     splits, B, kvh, R, D = o.shape
-    H = wo.shape[1]
+    H = wo.shape[2]
     bn = _block_n(H)
     kernel = partial(_attn_out_kernel, bn=bn, B=B, T=p.T, kv_heads=kvh, R=R, splits=splits)
     return pl.pallas_call(kernel, grid=(H // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, H), residual.dtype),
                           compiler_params=_params(), interpret=p.interpret, name="jaxspec_attn_out")(
-        o.reshape(-1, D), l.reshape(-1), m.reshape(-1), wo, residual)
+        o.reshape(-1, D), l.reshape(-1), m.reshape(-1), layer, wo, residual)

@@ -291,8 +291,9 @@ def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv
         plan = fused_layer.plan(cfg, positions, batch, kv)
         x = fused_layer.rows(x)
 
-        def run(x, lw, kv, i):
-            return fused_layer.layer(x, x, lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down, cfg,
+        def run(x, _, kv, i):  # the stacked weights, read at layer i inside the kernels
+            s = w.layers
+            return fused_layer.layer(x, x, s.attn_norm, s.wqkv, s.wo, s.mlp_norm, s.w_gate_up, s.w_down, cfg,
                                      inv_freq, kv, i, plan)
 
         features = lambda x: fused_layer.unrows(x, B, T)  # noqa: E731
