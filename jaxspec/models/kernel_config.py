@@ -56,7 +56,8 @@ class KernelConfig:
     # Decode steps of at most 16 tokens (batch 1 to 16 without speculation, 1 to 4 with k = 3) run each Llama layer,
     # the target's and the draft head's, as five Pallas kernels (models/fused_layer.py) instead of the ~17 XLA makes
     # of it at batch 1, where the kernels' number, not their bytes, sets the step time. Needs the Pallas attention
-    # and one device. Off until measured on the H200 against the XLA layer.
+    # and one device. Off: on the H200 its kernels took 5-9 us each against XLA's 2-3 us GEMVs, and a batch-1 step
+    # 1.41 against 1.21 ms (bench/results/20261205-h200-fused-layer/).
     fused_decode: bool = False
 
     def __post_init__(self) -> None:
