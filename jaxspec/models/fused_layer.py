@@ -73,7 +73,7 @@ def plan(cfg, positions: jax.Array, batch: AttnBatch, kv: KVCache) -> Plan:
     splits = min(splits, 1 << ((ROWS // M).bit_length() - 1))
     pad = lambda a, value: jnp.pad(a.reshape(M).astype(jnp.int32), (0, ROWS - M), constant_values=value)  # noqa
     return Plan(B, T, pad(positions, 0), pad(batch.slot_mapping, -1), tables.reshape(B, splits, -1),
-                paged_kernel.row_lengths(positions, cfg.num_heads // cfg.num_kv_heads).astype(jnp.int32), per_block,
+                paged_kernel.row_lengths(positions, cfg.num_heads // cfg.num_kv_heads), per_block,
                 cfg.attn_impl == "pallas-interpret")
 
 
@@ -134,11 +134,11 @@ def _rem(a: jax.Array, n: int) -> jax.Array:
 def _projected(x_ref, g_ref, w_ref, layer: jax.Array, eps: float,
                columns: list[tuple[jax.Array, int]]) -> list[jax.Array]:
     """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width), norm and w at index
-    `layer` of their stacked refs (g_ref [L, K], w_ref [L, K, N]): fp32 [ROWS, width]
-    each, in one pass over K in steps of _block_k (the last step masked where they do not divide K). The norm's
-    1/rms is a factor of each row, so it scales the sums at the end while the pass adds up the squares
-    (llama.rms_norm rounds x/rms to the model dtype before the weight; here x * weight is rounded: as many
-    roundings, and no pre-pass over x whose loads would wait in turn)."""
+    `layer` of their stacked refs (g_ref [L, K], w_ref [L, K, N]): fp32 [ROWS, width] each, in one pass over K in
+    steps of _block_k (the last step masked where they do not divide K). The norm's 1/rms is a factor of each row,
+    so it scales the sums at the end while the pass adds up the squares (llama.rms_norm rounds x/rms to the model
+    dtype before the weight; here x * weight is rounded: as many roundings, and no pre-pass over x whose loads
+    would wait in turn)."""
     K = x_ref.shape[1]
     bk = _block_k(K, sum(width for _, width in columns) * w_ref.dtype.itemsize)
     tail = K % bk != 0

@@ -291,22 +291,23 @@ def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv
         plan = fused_layer.plan(cfg, positions, batch, kv)
         x = fused_layer.rows(x)
 
-        def run(x, _, kv, i):  # the stacked weights, read at layer i inside the kernels
+        def run(x, kv, i):  # the stacked weights, read at layer i inside the kernels
             s = w.layers
             return fused_layer.layer(x, x, s.attn_norm, s.wqkv, s.wo, s.mlp_norm, s.w_gate_up, s.w_down, cfg,
                                      inv_freq, kv, i, plan)
 
         features = lambda x: fused_layer.unrows(x, B, T)  # noqa: E731
     else:
-        def run(x, lw, kv, i):
-            return decoder_layer(x, lw, positions, cfg, inv_freq, kv, i, batch)
+        def run(x, kv, i):  # layer i's slices: static when unrolled, dynamic in the scan
+            take = (lambda a: a[i]) if isinstance(i, int) else (
+                lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False))
+            return decoder_layer(x, jax.tree.map(take, w.layers), positions, cfg, inv_freq, kv, i, batch)
 
         features = lambda x: x  # noqa: E731
 
     def body(carry, i):
         x, kv = carry
-        lw = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), w.layers)
-        return run(x, lw, kv, i), None
+        return run(x, kv, i), None
 
     # layers run in segments split at the aux layers, so EAGLE-3's features do not force an unrolled loop
     bounds = sorted({0, cfg.num_layers, *(i for i in aux_layers if i < cfg.num_layers)})
@@ -317,7 +318,7 @@ def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv
             (x, kv), _ = jax.lax.scan(body, (x, kv), jnp.arange(a, b))
         else:
             for i in range(a, b):
-                x, kv = run(x, jax.tree.map(lambda t: t[i], w.layers), kv, i)
+                x, kv = run(x, kv, i)
     hidden = rms_norm(features(x), w.final_norm, cfg.rms_norm_eps)
     return hidden, (jnp.concatenate(aux, axis=-1) if aux else None), kv
 
