@@ -33,7 +33,8 @@ def setup(tmp_path_factory, trained_heads):
 
 def params_for(sampling: str, outs: list[list[int]]) -> list[SamplingParams]:
     """Sixteen requests whose limits (1 to 23 tokens) end them at every step of a block and every position of a
-    step; some stop at EOS, some at a stop id or a stop string their greedy text reaches, some ignore EOS."""
+    step; some stop at EOS, some at a stop id or a stop string their greedy text reaches, some ignore EOS; every
+    third asks for logprobs."""
     params = []
     for i, out in enumerate(outs):
         kw = dict(temperature=0) if sampling == "greedy" else dict(temperature=0.9, top_p=0.95, seed=70 + i)
@@ -41,13 +42,13 @@ def params_for(sampling: str, outs: list[list[int]]) -> list[SamplingParams]:
         rule = [{}, {"stop_token_ids": [out[at]]}, {"stop": [CHARS[out[at]] + CHARS[out[at + 1]]]},
                 {"ignore_eos": True}][i % 4]
         params.append(SamplingParams(max_tokens=[1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 16, 17, 19, 21, 23][i], **rule,
-                                     **kw))
+                                     logprobs=2 if i % 3 == 0 else None, **kw))
     return params
 
 
 def result(o) -> tuple:
     c = o.outputs[0]
-    return tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason
+    return tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason, c.logprobs and list(c.logprobs)
 
 
 @pytest.mark.parametrize("method", [None, "eagle", "eagle3"])
@@ -64,9 +65,9 @@ def test_multi_step_equals_single_steps(setup, trained_heads, method, sampling, 
     blocks = []  # (the sequences' output lengths before, the block's count columns [M, B]) of each block
     commit_steps = type(multi.llm_engine.scheduler)._commit_steps
 
-    def recording(self, plan, decode_out, decode_logprobs, emitted):
+    def recording(self, plan, decode_out, emitted):
         blocks.append(([len(s.output_token_ids) for s in plan.decode], plan.decode, decode_out[:, :, 0].copy()))
-        commit_steps(self, plan, decode_out, decode_logprobs, emitted)
+        commit_steps(self, plan, decode_out, emitted)
 
     monkeypatch.setattr(type(multi.llm_engine.scheduler), "_commit_steps", recording)
     for async_scheduling in (True, False):

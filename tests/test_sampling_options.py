@@ -253,13 +253,22 @@ def test_spec_greedy_equals_plain_greedy_and_the_oracle_under_every_processor(hf
 def test_processors_through_chunked_prefill_and_preemption(hf, weights, tokenizer_dir, favourites):
     """Prompts prefilled in 16-token chunks (the prompt mask built over several steps) and a pool too small for
     every sequence (preempted sequences are recomputed: their output is counted again from the prefill): still
-    the oracle's tokens."""
+    the oracle's tokens, and the logprobs of the processed distribution at every position (a preempted request's
+    rows span its slots before and after)."""
     llm = make_llm(weights, tokenizer_dir, max_num_batched_tokens=16, prefill_buckets=[16], num_pages=20)
     prompts = random_prompts(8, 20, 40, seed=13)
     c = processor_configs(favourites)["everything"]
-    outs = llm.generate(prompts, engine_params(c, 24), use_tqdm=False)
+    params = replace(engine_params(c, 24), logprobs=2)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.get_metrics()["num_preemptions"] > 0
     assert [o.outputs[0].token_ids for o in outs] == [oracle_greedy(hf, p, 24, c) for p in prompts]
+    for prompt, out in zip(prompts, outs):
+        tokens, logprobs = out.outputs[0].token_ids, out.outputs[0].logprobs
+        want = expected_logprobs(hf, prompt, tokens, dict(c, temperature=0.0))
+        assert len(logprobs) == len(tokens)
+        for i, (token, got) in enumerate(zip(tokens, logprobs)):
+            assert set(got) == set(np.argsort(-want[i], kind="stable")[:2]) | {token}, i
+            np.testing.assert_allclose([got[t].logprob for t in got], want[i, list(got)], atol=1e-3, rtol=0)
 
 
 def test_repetition_penalty_equals_transformers_generate(hf, llms, prompts):

@@ -114,7 +114,8 @@ class LLMEngine:
         # each step's k (jaxspec.engine.spec_policy); may be replaced between generate calls (benchmarks do)
         self.spec_policy = spec_policy or SpecPolicy(self.k)
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
-        self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens)
+        self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens,
+                                   output_processor.add_decode_logprobs)
         # unfinished, plus finished ones whose final output is not out yet; a request's first sample (its `group`
         # holds all n)
         self.requests: dict[str, Sequence] = {}

@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxspec.engine import logprob_output
 from jaxspec.engine.detokenizer import Detokenizer, decode, pending_text
+from jaxspec.engine.logprob_store import LogprobStore
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.sequence import Sequence, Status
 from jaxspec.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -38,6 +39,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.detokenizer = None if tokenizer is None else Detokenizer(tokenizer)
         self._token_text_of = logprob_output.token_text(tokenizer)
+        self.logprob_store = LogprobStore()  # the output logprob rows of unfinished requests
 
     def _has_text(self, seq: Sequence) -> bool:
         return self.tokenizer is not None and seq.params.detokenize
@@ -49,14 +51,17 @@ class OutputProcessor:
 
     def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: np.ndarray | None = None) -> None:
         """Append tokens until a stop rule fires; the rest are discarded, and so are their rows of logprobs
-        [len(tokens), W] (the step's logprob columns, extended steps). Most steps' tokens go in at once (none is a
-        stop id and the length limit is not reached: one set test and one comparison, not four tests a token); the
-        others, and every token of a request whose text is kept as it comes, one by one."""
+        [len(tokens), W] (the step's logprob columns, extended steps; a decode step's rows go to the store for the
+        whole batch at once, `add_decode_logprobs`, before its tokens come here). Most steps' tokens go in at once
+        (none is a stop id and the length limit is not reached: one set test and one comparison, not four tests a
+        token); the others, and every token of a request whose text is kept as it comes, one by one."""
         now = time.time()
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = now
         seq.metrics.last_token_time = now
         start = len(seq.output_token_ids)
+        if logprobs is not None and seq.params.logprobs is not None:  # before a stop can finish the request
+            self.logprob_store.add(seq, start, logprobs)
         if seq.token_rules is None:
             seq.token_rules = self._token_rules(seq)
         stop_ids, limit = seq.token_rules
@@ -64,8 +69,11 @@ class OutputProcessor:
             seq.output_token_ids += tokens
         else:
             self._append(seq, tokens)
-        if seq.params.logprobs is not None:  # one block per step: per-token work waits for an output to need it
-            seq.logprob_rows.append(logprobs[:len(seq.output_token_ids) - start])
+
+    def add_decode_logprobs(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """A decode dispatch's logprob rows for its sequences, before their tokens are appended (LogprobStore.
+        add_step): [B, k+1, W], or [M, B, k+1, W] with counts [M, B] for a multi-step dispatch."""
+        self.logprob_store.add_step(seqs, rows, counts)
 
     def _token_rules(self, seq: Sequence) -> tuple[frozenset[int], int]:
         """(the ids that end seq, the output length at which it ends): what decides, for most steps' tokens at a
@@ -123,6 +131,7 @@ class OutputProcessor:
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason
         seq.metrics.finished_time = time.time()
+        self.logprob_store.release(seq)
         if not self._has_text(seq):
             return
         if not self.live_text(seq):
@@ -168,7 +177,7 @@ class OutputProcessor:
         seq.finish_returned = finished
         logprobs = cumulative = None
         if p.logprobs is not None:
-            rows = _merged(seq.logprob_rows)
+            rows = self.logprob_store.rows(seq)
             logprobs = logprob_output.FlatLogprobs(list(token_ids), rows[start_token:len(seq.output_token_ids)],
                                                    p.logprobs, self._token_text(seq))
             cumulative = float(rows[:, 0].view(np.float32).sum(dtype=np.float64))
@@ -186,13 +195,6 @@ class OutputProcessor:
             seq.prompt_logprobs = [None] + logprob_output.position_logprobs(
                 seq.prompt_token_ids[1:1 + len(rows)], block, seq.params.prompt_logprobs, self._token_text(seq))
         return seq.prompt_logprobs
-
-
-def _merged(blocks: list[np.ndarray]) -> np.ndarray:
-    """The blocks of logprob rows as one [tokens, W] array, kept merged in the list."""
-    if len(blocks) != 1:
-        blocks[:] = [np.concatenate(blocks) if blocks else np.zeros((0, 2), np.int32)]
-    return blocks[0]
 
 
 def _request_metrics(group: list[Sequence]) -> RequestMetrics:

@@ -60,11 +60,13 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, block_manager: BlockManager,
-                 append_tokens: Callable[[Sequence, list[int]], None]):
+                 append_tokens: Callable[[Sequence, list[int], np.ndarray | None], None],
+                 add_decode_logprobs: Callable[[list[Sequence], np.ndarray, np.ndarray | None], None]):
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
         self.block_manager = block_manager
         self.append_tokens = append_tokens  # appends emitted tokens, applies stop rules (may finish the seq)
+        self.add_decode_logprobs = add_decode_logprobs  # a decode dispatch's logprob rows, before its tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order; preemption takes from the end
         self.free_slots: list[int] = list(range(cfg.max_num_seqs - 1, -1, -1))
@@ -230,26 +232,26 @@ class Scheduler:
                 lp = None if prefill_logprobs is None else prefill_logprobs[i:i + 1]
                 self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [], emitted, lp)
             self._settle(seq)
+        if decode_logprobs is not None and plan.decode:
+            self.add_decode_logprobs(plan.decode, decode_logprobs, decode_out[..., 0] if plan.num_steps > 1 else None)
         if plan.num_steps > 1:
-            self._commit_steps(plan, decode_out, decode_logprobs, emitted)
+            self._commit_steps(plan, decode_out, emitted)
             return emitted
         rows = decode_out.tolist() if plan.decode else []  # one conversion, not one per row
-        for i, (seq, row) in enumerate(zip(plan.decode, rows)):
+        for seq, row in zip(plan.decode, rows):
             seq.num_inflight -= 1
             seq.inflight_max_tokens -= self.k + 1
-            self._emit(seq, row[1:1 + row[0]], emitted, None if decode_logprobs is None else decode_logprobs[i])
+            self._emit(seq, row[1:1 + row[0]], emitted, None)
             self._settle(seq)
         return emitted
 
-    def _commit_steps(self, plan: StepPlan, decode_out, decode_logprobs, emitted: list[Sequence]) -> None:
+    def _commit_steps(self, plan: StepPlan, decode_out, emitted: list[Sequence]) -> None:
         steps = [d.tolist() for d in decode_out]  # [M][B][k+2]: a row stopped on the device has count 0 after
         for i, seq in enumerate(plan.decode):
             seq.num_inflight -= 1
             seq.inflight_max_tokens -= plan.num_steps * (self.k + 1)
             tokens = [t for rows in steps for t in rows[i][1:1 + rows[i][0]]]
-            logprobs = None if decode_logprobs is None else np.concatenate(
-                [decode_logprobs[m, i, :rows[i][0]] for m, rows in enumerate(steps)])
-            self._emit(seq, tokens, emitted, logprobs)
+            self._emit(seq, tokens, emitted, None)
             self._settle(seq)
 
     def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence], logprobs) -> None:

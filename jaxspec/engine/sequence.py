@@ -51,10 +51,11 @@ class Sequence:
     decode_stream: Any = None  # the tokenizers DecodeStream that keeps `text` (jaxspec.engine.detokenizer)
     num_returned_tokens: int = 0  # DELTA outputs: what the last output already gave
     num_returned_chars: int = 0
-    # logprobs (when requested): the output tokens' rows of their steps' logprobs (processors.pack_logprobs), a
-    # block [tokens, W] per step, read as vLLM's dicts through logprob_output.FlatLogprobs; per prompt token after
-    # the first, its row
-    logprob_rows: list[np.ndarray] = field(default_factory=list)
+    # logprobs (when requested): the output tokens' rows of their steps' logprobs (processors.pack_logprobs), read
+    # as vLLM's dicts through logprob_output.FlatLogprobs: in an entry of the engine's LogprobStore until the finish,
+    # then here [tokens, W]; per prompt token after the first, its row
+    logprob_entry: int = -1
+    logprob_rows: np.ndarray | None = None
     prompt_logprob_rows: list[np.ndarray] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finish_returned: bool = False  # an output carried this sample's finish (DELTA outputs report it once)
