@@ -115,7 +115,7 @@ class LLMEngine:
         self.spec_policy = spec_policy or SpecPolicy(self.k)
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens,
-                                   output_processor.add_decode_logprobs)
+                                   output_processor.logprob_store.add_step)
         # unfinished, plus finished ones whose final output is not out yet; a request's first sample (its `group`
         # holds all n)
         self.requests: dict[str, Sequence] = {}

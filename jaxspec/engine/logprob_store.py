@@ -1,4 +1,4 @@
-"""Host: the logprob rows of every unfinished request that asked for logprobs, in one array, a step at a time.
+"""Host: the logprob rows of every unfinished request that asked for logprobs, in one pool, a step at a time.
 
 A decode step of an extended batch brings [B, k+1, W] rows (logprob_output). Kept per request as one small block a
 step, they cost the host a numpy view and a list append per row and step, and a concatenation of hundreds of blocks
@@ -60,7 +60,8 @@ class LogprobStore:
             self._write(entries, positions, block)
 
     def rows(self, seq: Sequence) -> np.ndarray:
-        """seq's rows [len(output), W] (a copy: the entry goes on changing, and is freed at the finish)."""
+        """seq's rows [len(output), W]: gathered from its pages while it runs (a copy: they go on changing, and are
+        freed at the finish), then the rows the finish kept."""
         n = len(seq.output_token_ids)
         if seq.logprob_entry < 0:
             return seq.logprob_rows[:n] if seq.logprob_rows is not None else np.zeros((0, 2), np.int32)
@@ -80,18 +81,18 @@ class LogprobStore:
 
     def _write(self, entries: np.ndarray, positions: np.ndarray, block: np.ndarray) -> None:
         """block [n, T, W] at these entries' positions [n, T], allocating the pages they reach first."""
-        if positions.max() // PAGE >= self._tables.shape[1]:
-            grown = np.full((len(self._tables), max(positions.max() // PAGE + 1, 2 * self._tables.shape[1])), -1,
-                            np.intp)
+        cols = positions // PAGE  # [n, T]: each position's page in its entry's table row
+        if cols.max() >= self._tables.shape[1]:
+            grown = np.full((len(self._tables), max(cols.max() + 1, 2 * self._tables.shape[1])), -1, np.intp)
             grown[:, :self._tables.shape[1]] = self._tables
             self._tables = grown
-        pages = self._tables[entries[:, None], positions // PAGE]  # [n, T]
+        pages = self._tables[entries[:, None], cols]  # [n, T]
         missing = pages < 0
         if missing.any():  # a request crossed into a page it has no page for yet (once every PAGE tokens)
-            rows, cols = np.broadcast_to(entries[:, None], pages.shape)[missing], (positions // PAGE)[missing]
-            for e, p in sorted(set(zip(rows.tolist(), cols.tolist()))):
+            rows = np.broadcast_to(entries[:, None], pages.shape)[missing]
+            for e, p in sorted(set(zip(rows.tolist(), cols[missing].tolist()))):
                 self._tables[e, p] = self._new_page(block.shape[-1])
-            pages = self._tables[entries[:, None], positions // PAGE]
+            pages = self._tables[entries[:, None], cols]
         self._pool[pages, positions % PAGE] = block
 
     def _new_page(self, width: int) -> int:

@@ -52,7 +52,7 @@ class OutputProcessor:
     def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: np.ndarray | None = None) -> None:
         """Append tokens until a stop rule fires; the rest are discarded, and so are their rows of logprobs
         [len(tokens), W] (the step's logprob columns, extended steps; a decode step's rows go to the store for the
-        whole batch at once, `add_decode_logprobs`, before its tokens come here). Most steps' tokens go in at once
+        whole batch at once, `logprob_store.add_step`, before its tokens come here). Most steps' tokens go in at once
         (none is a stop id and the length limit is not reached: one set test and one comparison, not four tests a
         token); the others, and every token of a request whose text is kept as it comes, one by one."""
         now = time.time()
@@ -69,11 +69,6 @@ class OutputProcessor:
             seq.output_token_ids += tokens
         else:
             self._append(seq, tokens)
-
-    def add_decode_logprobs(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray | None = None) -> None:
-        """A decode dispatch's logprob rows for its sequences, before their tokens are appended (LogprobStore.
-        add_step): [B, k+1, W], or [M, B, k+1, W] with counts [M, B] for a multi-step dispatch."""
-        self.logprob_store.add_step(seqs, rows, counts)
 
     def _token_rules(self, seq: Sequence) -> tuple[frozenset[int], int]:
         """(the ids that end seq, the output length at which it ends): what decides, for most steps' tokens at a
