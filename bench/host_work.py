@@ -4,7 +4,8 @@
 
 A 2-layer Llama with SmolLM2's vocabulary and tokenizer (random weights, so the device step is short and the
 host's share shows), a random EAGLE-1 head at synthetic acceptance 0.7, greedy, EOS ignored. Host work =
-(engine wall - time blocked reading outputs) / steps, median (and least) of `--runs` runs after a warm-up run.
+(engine wall - time blocked reading outputs) / steps, median (and least) of `--runs` runs after a warm-up run;
+beside it the whole generate call's time per step (what the engine's steps leave to the call: its texts).
 `--numpy-device` replaces the runner's device calls by numpy outputs of the same shapes (drafts accepted with
 probability 0.7): the engine's own Python alone, without JAX's dispatch, the device's work competing for this
 machine's cores, or a GPU. `--profile` adds a cProfile of one run, by own time. Needs the SmolLM2 tokenizer
@@ -76,22 +77,24 @@ def main() -> None:
         prof = cProfile.Profile() if args.profile and i == 0 else None
         if prof:
             prof.enable()
+        t0 = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
+        call = time.perf_counter() - t0
         if prof:
             prof.disable()
         m = llm.get_metrics()
         steps = m["num_steps"] - before["num_steps"]
         wall, wait = m["wall_s"] - before["wall_s"], m["host_wait_s"] - before["host_wait_s"]
-        runs.append(((wall - wait) / steps * 1e3, wall / steps * 1e3, steps))
+        runs.append(((wall - wait) / steps * 1e3, wall / steps * 1e3, steps, call / steps * 1e3))
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
-    work, wall, steps = sorted(runs)[len(runs) // 2]
+    work, wall, steps, call = sorted(runs)[len(runs) // 2]
     options = (f", logprobs {args.logprobs}" * (args.logprobs is not None)
                + f", presence_penalty {args.presence_penalty}" * bool(args.presence_penalty)
                + ", numpy device" * args.numpy_device)
     print(f"batch {args.batch}, k {args.k}{options}: host work {work:.3f} ms/step (median of {len(runs)}; least "
-          f"{min(runs)[0]:.3f}), wall {wall:.3f} ms/step, {steps} steps ({time.strftime('%Y-%m-%d')}); runs in "
-          "order: " + ", ".join(f"{w:.3f}" for w, _, _ in runs))
+          f"{min(runs)[0]:.3f}), wall {wall:.3f} ms/step, the whole generate call {call:.3f} ms/step, {steps} steps "
+          f"({time.strftime('%Y-%m-%d')}); runs in order: " + ", ".join(f"{w:.3f}" for w, *_ in runs))
 
 
 def numpy_device(runner, batch: int) -> None:

@@ -232,6 +232,10 @@ class LLM:
         # it can leave taken (every later bar would then hang)
         bar = tqdm(total=len(seqs), desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
         start = last = time.perf_counter()
+        processor = self.llm_engine.output_processor
+        samples = [s for seq in seqs for s in seq.group]
+        for s in samples:  # text made after the last step, all at once (OutputProcessor.decode_deferred)
+            s.defer_text = not processor.live_text(s)
         with self._running(seqs):
             remaining = len(seqs)
             while remaining:
@@ -246,6 +250,10 @@ class LLM:
                     bar.update(len(seqs) - remaining - bar.n)
                     tokens = sum(len(s.output_token_ids) for seq in seqs for s in seq.group)
                     bar.set_postfix_str(f"output: {tokens / (now - start):.0f} tok/s")
+            processor.decode_deferred(samples)
+            for out, seq in zip(results, seqs):
+                for c in out.outputs:
+                    c.text = seq.group[c.index].text
         if bar is not None:
             bar.update(len(seqs) - bar.n)
             bar.close()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxspec import SamplingParams
-from jaxspec.engine.detokenizer import WINDOW, Detokenizer, pending_text, window_delta
+from jaxspec.engine.detokenizer import WINDOW, Detokenizer, decode_outputs, pending_text, window_delta
 from jaxspec.engine.sequence import Sequence
 from jaxspec.tokenizer import load_tokenizer
 from tests.tiny import write_byte_tokenizer, write_char_tokenizer, write_chat_tokenizer
@@ -52,3 +52,20 @@ def test_tokenizers_that_post_process_decode_keep_the_window_scheme(tmp_path):
     assert Detokenizer(tokenizer).backend is not None
     tokenizer.clean_up_tokenization_spaces = True  # decode then differs from the backend's
     assert Detokenizer(tokenizer).backend is None
+
+
+@pytest.mark.parametrize("kind", ["chars", "chat", "bytes"])
+def test_whole_outputs_decoded_together_equal_one_by_one(tmp_path, kind):
+    """decode_outputs (one decode_batch per skip_special_tokens value) gives each sequence tokenizer.decode's text,
+    in order, with the options mixed; and without an exact backend, the same through transformers."""
+    write = {"chars": write_char_tokenizer, "chat": write_chat_tokenizer, "bytes": write_byte_tokenizer}[kind]
+    tokenizer = load_tokenizer(write(tmp_path / kind))
+    rng = np.random.default_rng(1)
+    seqs = []
+    for i, n in enumerate((0, 1, 7, 40, 200, 3)):
+        seq = Sequence(str(i), [1], SamplingParams(skip_special_tokens=bool(i % 2)), 0)
+        seq.output_token_ids = rng.integers(0, len(tokenizer), n).tolist()
+        seqs.append(seq)
+    expect = [tokenizer.decode(s.output_token_ids, skip_special_tokens=s.params.skip_special_tokens) for s in seqs]
+    assert decode_outputs(tokenizer, Detokenizer(tokenizer).backend, seqs) == expect
+    assert decode_outputs(tokenizer, None, seqs) == expect

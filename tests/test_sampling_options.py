@@ -409,6 +409,41 @@ def test_text_options(weights, prompts, tmp_path):
     assert m.time_in_queue == m.first_scheduled_time - m.arrival_time and out.num_cached_tokens == 0
 
 
+def test_generate_decodes_its_texts_at_the_end_as_each_finish_would(weights, prompts, tmp_path):
+    """LLM.generate leaves its answers' text to one decode after its last step (Sequence.defer_text): in one call
+    of mixed requests (a special token in the output skipped or kept, a stop string, whose text is kept as it comes,
+    n = 2, detokenize=False) every text is what the engine API, which decodes at each finish, gives."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = write_char_tokenizer(tmp_path)
+    llm = make_llm(weights, path)
+    base = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    ref = llm.generate([prompts[0]], base, use_tqdm=False)[0].outputs[0]
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(CHARS[ref.token_ids[3]], special=True)])
+    tok.save(str(path / "tokenizer.json"))
+    llm = make_llm(weights, path)
+    text = "".join(CHARS[t] for t in ref.token_ids)
+    params = [replace(base, skip_special_tokens=True), replace(base, skip_special_tokens=False),
+              replace(base, stop=[text[6:8]], skip_special_tokens=False),
+              replace(base, n=2, temperature=1.0, seed=3, skip_special_tokens=False),
+              replace(base, detokenize=False)]
+    outs = llm.generate([prompts[0]] * len(params), params, use_tqdm=False)
+    engine = llm.llm_engine
+    for i, p in enumerate(params):
+        engine.add_request(f"api-{i}", prompts[0], p)
+    api = {}
+    while engine.has_unfinished_requests():
+        api.update((o.request_id, o) for o in engine.step() if o.finished)
+    tokenizer = llm.get_tokenizer()
+    for i, (out, p) in enumerate(zip(outs, params)):
+        assert [c.text for c in out.outputs] == [c.text for c in api[f"api-{i}"].outputs]
+        for c in out.outputs:
+            expect = tokenizer.decode(c.token_ids, skip_special_tokens=p.skip_special_tokens) if p.detokenize else ""
+            assert c.text == (expect[:expect.find(text[6:8])] if p.stop else expect)
+    assert outs[0].outputs[0].text != outs[1].outputs[0].text  # the special token was in the output
+
+
 def test_flat_logprobs_read_like_vllms_list():
     """The lazy logprobs container: the same dicts as building them all at once, by index, slice and iteration."""
     from jaxspec.engine.logprob_output import FlatLogprobs, position_logprobs

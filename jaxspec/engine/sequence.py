@@ -46,6 +46,7 @@ class Sequence:
     inflight_max_tokens: int = 0  # the most tokens those steps can add (1 per prefill end, k+1 per decode)
     # text: kept current while generating when the request streams or has stop strings, else decoded at finish
     text: str = ""
+    defer_text: bool = False  # the finish leaves `text` to OutputProcessor.decode_deferred (LLM.generate's requests)
     prefix_offset: int = 0  # incremental detokenization window over output_token_ids
     read_offset: int = 0
     decode_stream: Any = None  # the tokenizers DecodeStream that keeps `text` (jaxspec.engine.detokenizer)
