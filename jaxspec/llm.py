@@ -327,12 +327,15 @@ class LLM:
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
         seqs = []
+        copies: dict[int, SamplingParams] = {}  # one copy per params object of the call, shared by its requests
         for i, (prompt, p) in enumerate(zip(prompts, params_list)):
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"request {i}: sampling params must be a SamplingParams, got {type(p).__name__}")
             try:
+                if id(p) not in copies:
+                    copies[id(p)] = replace(p, output_kind=output_kind)
                 seqs.append(self.llm_engine.input_processor.process(str(self._next_request + i), prompt,
-                                                                    replace(p, output_kind=output_kind)))
+                                                                    copies[id(p)]))
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from None
         self._next_request += len(seqs)

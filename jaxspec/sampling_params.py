@@ -27,16 +27,18 @@ class RequestOutputKind(enum.Enum):
 
 
 def _int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"SamplingParams.{name} must be an integer, got {value!r} ({type(value).__name__})")
-    value = int(value)
+    if type(value) is not int:  # (a plain int skips the ABC checks: a request's validation runs a dozen of these)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"SamplingParams.{name} must be an integer, got {value!r} ({type(value).__name__})")
+        value = int(value)
     if not lo <= value <= hi:
         raise ValueError(f"SamplingParams.{name} must be in [{lo}, {hi}], got {value}")
     return value
 
 
 def _real(name: str, value, lo: float = -math.inf, hi: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    plain = type(value) is float or type(value) is int
+    if (not plain and (isinstance(value, bool) or not isinstance(value, numbers.Real))) or not math.isfinite(value):
         raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
     if not lo <= value <= hi:
         raise ValueError(f"SamplingParams.{name} must be in [{lo:g}, {hi:g}], got {value}")
