@@ -63,13 +63,14 @@ def test_multi_step_equals_single_steps(setup, trained_heads, method, sampling, 
     single = make_llm(weights, tokenizer, **kw)
     multi = make_llm(weights, tokenizer, num_scheduler_steps=STEPS, **kw)
     blocks = []  # (the sequences' output lengths before, the block's count columns [M, B]) of each block
-    commit_steps = type(multi.llm_engine.scheduler)._commit_steps
+    commit = type(multi.llm_engine.scheduler).commit
 
-    def recording(self, plan, decode_out, emitted):
-        blocks.append(([len(s.output_token_ids) for s in plan.decode], plan.decode, decode_out[:, :, 0].copy()))
-        commit_steps(self, plan, decode_out, emitted)
+    def recording(self, plan, prefill_out, decode_out, *logprobs):
+        if plan.num_steps > 1:
+            blocks.append(([len(s.output_token_ids) for s in plan.decode], plan.decode, decode_out[:, :, 0].copy()))
+        return commit(self, plan, prefill_out, decode_out, *logprobs)
 
-    monkeypatch.setattr(type(multi.llm_engine.scheduler), "_commit_steps", recording)
+    monkeypatch.setattr(type(multi.llm_engine.scheduler), "commit", recording)
     for async_scheduling in (True, False):
         want = [result(o) for o in single.generate(prompts, params, use_tqdm=False,
                                                    async_scheduling=async_scheduling)]

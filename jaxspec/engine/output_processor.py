@@ -52,16 +52,18 @@ class OutputProcessor:
         p = seq.params
         return self._has_text(seq) and (bool(p.stop) or p.output_kind is not RequestOutputKind.FINAL_ONLY)
 
-    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: np.ndarray | None = None) -> None:
+    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: np.ndarray | None = None,
+                      now: float | None = None) -> None:
         """Append tokens until a stop rule fires; the rest are discarded, and so are their rows of logprobs
         [len(tokens), W] (the step's logprob columns, extended steps; a decode step's rows go to the store for the
         whole batch at once, `logprob_store.add_step`, before its tokens come here). Most steps' tokens go in at once
         (none is a stop id and the length limit is not reached: one set test and one comparison, not four tests a
         token); the others, and every token of a request whose text is kept as it comes, one by one."""
-        now = time.time()
-        if seq.metrics.first_token_time is None:
-            seq.metrics.first_token_time = now
-        seq.metrics.last_token_time = now
+        now = time.time() if now is None else now  # (the scheduler passes its commit's time)
+        metrics = seq.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
         start = len(seq.output_token_ids)
         if logprobs is not None and seq.params.logprobs is not None:  # before a stop can finish the request
             self.logprob_store.add(seq, start, logprobs)

@@ -60,7 +60,7 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, block_manager: BlockManager,
-                 append_tokens: Callable[[Sequence, list[int], np.ndarray | None], None],
+                 append_tokens: Callable[[Sequence, list[int], np.ndarray | None, float], None],
                  add_decode_logprobs: Callable[[list[Sequence], np.ndarray, np.ndarray | None], None]):
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
@@ -110,11 +110,12 @@ class Scheduler:
 
     # ---- planning
 
-    def _decode_positions(self, seq: Sequence, num_steps: int = 1) -> int:
-        """Positions [0, n) a decode step may write: verify up to U-1+k, the head's single passes up to U+2k-2;
-        each further step of a multi-step dispatch starts at most k+1 positions later."""
-        U = seq.upper_bound_len + (num_steps - 1) * (self.k + 1)
-        return min(U + (2 * self.k - 1 if self.k else 0), self.cfg.max_model_len)
+    def _decode_reach(self, num_steps: int) -> int:
+        """How far past a sequence's upper-bound length U a decode dispatch may write: verify up to U-1+k, the
+        head's single passes up to U+2k-2; each further step of a multi-step dispatch starts at most k+1 positions
+        later. So it writes positions [0, min(U + reach, max_model_len))."""
+        return (num_steps - 1) * (self.k + 1) + (2 * self.k - 1 if self.k else 0)
+
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's pages and slot; it is recomputed from its tokens once its in-flight steps
@@ -127,7 +128,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _reserve_decode(self, seq: Sequence, allow_preempt: bool, num_steps: int = 1) -> bool:
-        need = self._decode_positions(seq, num_steps)
+        need = min(seq.upper_bound_len + self._decode_reach(num_steps), self.cfg.max_model_len)
         if self.block_manager.pages_for(need) <= len(seq.pages):
             return True  # the common case: the pages it holds already cover this step
         while not self.block_manager.can_grow(seq, need):
@@ -158,9 +159,14 @@ class Scheduler:
         steps = self.cfg.num_scheduler_steps
         if steps > 1 and (self.waiting or not all(s.decoding for s in self.running)):
             steps = 1
-        # 1. decode every running sequence past prefill, preempting the newest when pages run out
+        # 1. decode every running sequence past prefill, preempting the newest when pages run out. Most hold the
+        # pages their positions need already: that test inline (this loop runs over every row at every step)
+        reach, max_len, page_size = self._decode_reach(steps), self.cfg.max_model_len, self.block_manager.page_size
+        running = Status.RUNNING
         for seq in list(self.running):
-            if seq.status is Status.RUNNING and seq.decoding and self._reserve_decode(seq, True, steps):
+            if seq.status is running and seq.decoding and (
+                    min(len(seq.prompt_token_ids) + len(seq.output_token_ids) + seq.inflight_max_tokens + reach,
+                        max_len) <= len(seq.pages) * page_size or self._reserve_decode(seq, True, steps)):
                 plan.decode.append(seq)
         # 2. prefill chunks: unfinished prompts of running sequences first, then new (or preempted) requests
         budget = self.cfg.max_num_batched_tokens
@@ -223,46 +229,40 @@ class Scheduler:
         extended step their tokens' logprob columns, [R, W] and [B, k+1, W]; a multi-step dispatch's decode arrays
         have a leading [num_steps] axis, and each row gets its steps' tokens in order. Returns the sequences that
         got tokens."""
-        emitted = []
+        emitted: list[Sequence] = []
+        now = time.time()  # the step's tokens' time (RequestMetrics), one for all of them as in vLLM
         for i, chunk in enumerate(plan.prefill):
             seq = chunk.seq
             seq.num_inflight -= 1
+            tokens = [int(prefill_out[i, 1])] if chunk.is_last and prefill_out[i, 0] else []
             if chunk.is_last:
                 seq.inflight_max_tokens -= 1
-                lp = None if prefill_logprobs is None else prefill_logprobs[i:i + 1]
-                self._emit(seq, [int(prefill_out[i, 1])] if prefill_out[i, 0] else [], emitted, lp)
-            self._settle(seq)
+            lp = None if prefill_logprobs is None else prefill_logprobs[i:i + 1]
+            self._emit(seq, tokens, emitted, lp, now)
         if decode_logprobs is not None and plan.decode:
             self.add_decode_logprobs(plan.decode, decode_logprobs, decode_out[..., 0] if plan.num_steps > 1 else None)
-        if plan.num_steps > 1:
-            self._commit_steps(plan, decode_out, emitted)
+        if not plan.decode:
             return emitted
-        rows = decode_out.tolist() if plan.decode else []  # one conversion, not one per row
-        for seq, row in zip(plan.decode, rows):
+        span = plan.num_steps * (self.k + 1)
+        if plan.num_steps > 1:  # [M][B][k+2]: each row's tokens of every step, in order (a row stopped on the device
+            steps = [d.tolist() for d in decode_out]  # has count 0 from then on)
+            tokens = [[t for rows in steps for t in rows[i][1:1 + rows[i][0]]] for i in range(len(plan.decode))]
+        else:
+            tokens = [row[1:1 + row[0]] for row in decode_out.tolist()]  # one conversion, not one per row
+        for seq, new in zip(plan.decode, tokens):
             seq.num_inflight -= 1
-            seq.inflight_max_tokens -= self.k + 1
-            self._emit(seq, row[1:1 + row[0]], emitted, None)
-            self._settle(seq)
+            seq.inflight_max_tokens -= span
+            self._emit(seq, new, emitted, None, now)
         return emitted
 
-    def _commit_steps(self, plan: StepPlan, decode_out, emitted: list[Sequence]) -> None:
-        steps = [d.tolist() for d in decode_out]  # [M][B][k+2]: a row stopped on the device has count 0 after
-        for i, seq in enumerate(plan.decode):
-            seq.num_inflight -= 1
-            seq.inflight_max_tokens -= plan.num_steps * (self.k + 1)
-            tokens = [t for rows in steps for t in rows[i][1:1 + rows[i][0]]]
-            self._emit(seq, tokens, emitted, None)
-            self._settle(seq)
-
-    def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence], logprobs) -> None:
-        if seq.is_finished or not tokens:
-            return
-        self.append_tokens(seq, tokens, logprobs)
-        emitted.append(seq)
-        if seq.is_finished:
-            self.finish(seq)
-
-    def _settle(self, seq: Sequence) -> None:
-        """Free a finished sequence's pages and slot once its last dispatched step is committed."""
-        if seq.is_finished and seq.num_inflight == 0:
+    def _emit(self, seq: Sequence, tokens: list[int], emitted: list[Sequence], logprobs, now: float) -> None:
+        """A committed step's tokens for seq (none: a prefill chunk that was not the last), then its pages and slot
+        freed if it is finished and no dispatched step uses them any more."""
+        finished = Status.FINISHED  # the status itself: this runs for every row at every step
+        if tokens and seq.status is not finished:
+            self.append_tokens(seq, tokens, logprobs, now)
+            emitted.append(seq)
+            if seq.status is finished:
+                self.finish(seq)
+        if seq.status is finished and seq.num_inflight == 0:
             self._free(seq)
