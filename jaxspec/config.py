@@ -102,6 +102,8 @@ class EngineConfig:
     prefill_buckets: list[int] = field(default_factory=list)
     # decode steps one dispatch may run (multi-step decoding) while no request waits or prefills; 1: one per dispatch
     num_scheduler_steps: int = 1
+    # vLLM's automatic prefix caching (on by default there too): full prompt pages reused across requests
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size",
@@ -121,6 +123,8 @@ class EngineConfig:
         # (tens of seconds on a GPU with the unrolled layer loop)
         self.prefill_buckets = _trim(self.prefill_buckets or buckets_up_to(
             self.max_num_batched_tokens, min(16, self.max_num_batched_tokens), factor=4), self.max_num_batched_tokens)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.decode_buckets[-1] < self.max_num_seqs:
             raise ValueError(f"decode_buckets {self.decode_buckets} must reach max_num_seqs={self.max_num_seqs}")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:

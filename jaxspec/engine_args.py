@@ -6,7 +6,7 @@ for vLLM's engine runs with the import changed:
     llm = LLM(**dataclasses.asdict(EngineArgs(model="smollm2-135m-instruct", max_model_len=1024)))
 
 The fields are the settings jaxspec implements plus the vLLM options scripts pass routinely (trust_remote_code,
-enforce_eager, enable_prefix_caching, ...; `vllm_options` says what each does here); any other keyword is a
+enforce_eager, enable_chunked_prefill, ...; `vllm_options` says what each does here); any other keyword is a
 TypeError naming it, as from any dataclass. `jaxspec serve` takes the same flags (the model as a positional
 argument, as `vllm serve` does).
 """
@@ -55,12 +55,12 @@ class EngineArgs:
     async_scheduling: bool = True
     max_logprobs: int = 20
     num_scheduler_steps: int = 1  # multi-step decoding: decode steps per dispatch while nothing waits or prefills
+    enable_prefix_caching: bool | None = None  # None: on (vLLM's default)
     generation_config: str = "auto"  # the model's sampling defaults: "auto", "vllm" (none) or a directory
     override_generation_config: dict | None = None
     # vLLM options with nothing (or one thing) to do here; `vllm_options` says what each does
     trust_remote_code: bool = False
     enforce_eager: bool = False
-    enable_prefix_caching: bool | None = None
     enable_chunked_prefill: bool | None = None
     disable_log_stats: bool = True
     swap_space: float = 4
@@ -113,7 +113,7 @@ class EngineArgs:
         e.add_argument("--enforce-eager", action="store_true",
                        help="start fast: scanned layers, programs compiled on first use")
         e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                       help="accepted; there is no prefix cache yet (a warning)")
+                       help="reuse the KV pages of prompts' shared prefixes (default: on, as in vLLM)")
         e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                        help="accepted; long prompts are always prefilled in chunks")
         e.add_argument("--swap-space", type=float, default=4, help="accepted; preempted requests are recomputed")
@@ -151,13 +151,10 @@ def vllm_options(engine_args: dict[str, Any]) -> dict[str, Any]:
     """`LLM`'s keyword arguments with vLLM's options that jaxspec has no setting for taken out, each checked:
     trust_remote_code (no effect: jaxspec reads weights, never code), enforce_eager (True: scanned layers and
     programs compiled on first use, unless layer_loop or warmup say otherwise: vLLM's trade of speed for start-up
-    time), enable_prefix_caching (True: a warning, as there is no prefix cache yet; outputs are the same),
-    enable_chunked_prefill, disable_log_stats, swap_space (no effect: prefill is always chunked, no stats are
+    time), enable_chunked_prefill, disable_log_stats, swap_space (no effect: prefill is always chunked, no stats are
     logged, preempted requests are recomputed), quantization (None only), kv_cache_dtype and tokenizer_mode
     ("auto" only), enable_lora (False only). A value
     that cannot be honoured is a ValueError naming it, before anything loads."""
-    import logging
-
     out = dict(engine_args)
     for name in ("trust_remote_code", "enable_chunked_prefill", "disable_log_stats", "swap_space"):
         out.pop(name, None)
@@ -166,9 +163,6 @@ def vllm_options(engine_args: dict[str, Any]) -> dict[str, Any]:
             out["layer_loop"] = "scan"
         if out.get("warmup", "auto") == "auto":
             out["warmup"] = False
-    if out.pop("enable_prefix_caching", None):
-        logging.getLogger("jaxspec").warning("enable_prefix_caching=True: jaxspec has no prefix cache yet; every "
-                                             "prompt is prefilled in full (outputs are the same)")
     quantization = out.pop("quantization", None)
     if quantization is not None:
         raise ValueError(f"quantization={quantization!r} is not supported: jaxspec runs the weights in `dtype` "

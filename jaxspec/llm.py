@@ -65,7 +65,8 @@ class LLM:
         gpu_memory_utilization=0.85 (alias memory_fraction), kv_cache_memory_bytes, attn_impl="auto",
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, num_scheduler_steps=1 (decode steps
-        per dispatch while nothing waits or prefills: multi-step decoding), generation_config="auto" and
+        per dispatch while nothing waits or prefills: multi-step decoding), enable_prefix_caching=True (vLLM's
+        automatic prefix caching, jaxspec.engine.block_manager), generation_config="auto" and
         override_generation_config (the model's sampling defaults, jaxspec.generation_config), kernel_config
         (KernelConfig; default: its defaults with JAXSPEC_* environment overrides); vLLM's options without a
         jaxspec setting are taken as `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is
@@ -111,6 +112,7 @@ class LLM:
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
                draft_tensor_parallel_size: int | None = None, max_logprobs: int = 20,
                kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1,
+               enable_prefix_caching: bool | None = None,
                generation_config: str = "auto", override_generation_config: dict | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         self.default_sampling_values = default_sampling_values(tokenizer_dir, generation_config,
@@ -145,7 +147,8 @@ class LLM:
                            max_num_batched_tokens=max_num_batched_tokens, max_prefill_seqs=max_prefill_seqs,
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
                            max_logprobs=max_logprobs, speculative=spec, decode_buckets=decode_buckets or [],
-                           prefill_buckets=prefill_buckets or [], num_scheduler_steps=num_scheduler_steps)
+                           prefill_buckets=prefill_buckets or [], num_scheduler_steps=num_scheduler_steps,
+                           enable_prefix_caching=True if enable_prefix_caching is None else enable_prefix_caching)
         cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, kv_cache_memory_bytes)
         if cfg.num_pages < cfg.pages_per_seq:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="

@@ -53,4 +53,4 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)  # one per sample, by index
     finished: bool = False
     metrics: RequestMetrics | None = None
-    num_cached_tokens: int = 0  # prompt tokens whose KV came from a cache (no prefix cache yet: 0)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache

@@ -63,15 +63,15 @@ def test_llm_takes_engine_args_fields_under_vllm_names(model_dir):
         EngineArgs(model=str(ckpt), lora_modules=["x"])
 
 
-def test_vllm_options_without_a_jaxspec_setting(model_dir, caplog):
+def test_vllm_options_without_a_jaxspec_setting(model_dir):
     """Options vLLM scripts pass routinely are taken (what each does: jaxspec.engine_args.vllm_options); values
     that cannot be honoured are errors naming them, before the model loads."""
     ckpt, tok = model_dir
     base = dict(tokenizer=str(tok), max_model_len=64, max_num_seqs=2)
     llm = LLM(str(ckpt), trust_remote_code=True, enforce_eager=True, enable_chunked_prefill=True, swap_space=0,
-              disable_log_stats=False, enable_prefix_caching=True, **base)
+              disable_log_stats=False, enable_prefix_caching=False, **base)
     assert llm.model_config.layer_loop == "scan" and llm.num_compiled == 0
-    assert "no prefix cache" in caplog.text
+    assert not llm.engine_config.enable_prefix_caching and LLM(str(ckpt), **base).engine_config.enable_prefix_caching
     greedy = SamplingParams(temperature=0, max_tokens=8)
     plain = LLM(str(ckpt), **base)
     assert [o.outputs[0].text for o in llm.generate(["abc", "hello"], greedy, use_tqdm=False)] == \
@@ -87,4 +87,6 @@ def test_vllm_options_without_a_jaxspec_setting(model_dir, caplog):
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     args = EngineArgs.from_cli_args(parser.parse_args(["--enforce-eager", "--trust-remote-code", "--model", "m"]))
     assert args.enforce_eager and args.trust_remote_code and args.enable_prefix_caching is None
+    args = EngineArgs.from_cli_args(parser.parse_args(["--no-enable-prefix-caching", "--model", "m"]))
+    assert args.enable_prefix_caching is False
 

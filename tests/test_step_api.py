@@ -30,7 +30,9 @@ def test_requests_added_and_aborted_while_steps_are_in_flight(weights, trained_h
     other request equals `generate` on it alone, async and sync; the aborted end with "abort"; nothing leaks."""
     spec = None if method is None else {"method": method, "model": str(trained_heads[method].path),
                                         "num_speculative_tokens": 3}
-    llm = make_llm(weights, speculative_config=spec, max_num_batched_tokens=16, max_prefill_seqs=2)
+    # (no prefix cache: the solo runs below would have cached every prompt, and the prefills here are the point)
+    llm = make_llm(weights, speculative_config=spec, max_num_batched_tokens=16, max_prefill_seqs=2,
+                   enable_prefix_caching=False)
     prompts = trained_heads["eagle"].prompts[:8] + random_prompts(4, 3, 10, seed=5)
     prompts[9] = random_prompts(1, 60, 60, seed=6)[0]  # four prefill chunks of 16 tokens
     params = [SamplingParams(temperature=0 if sampling == "greedy" else 0.9, top_p=0.95, seed=40 + i,

@@ -97,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--num-scheduler-steps", type=int, default=1,
                    help="decode steps per dispatch while nothing waits or prefills (multi-step decoding)")
+    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV pages of prompts seen before (vLLM's default; a repeated round then prefills "
+                   "little: --no-enable-prefix-caching compares with runs before the cache)")
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="devices the target is split over (heads, MLP columns/rows, vocabulary, KV heads)")
     e.add_argument("--draft-tensor-parallel-size", type=int,
@@ -589,7 +592,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
                   warmup=args.engine_warmup, compilation_cache_dir=args.compilation_cache_dir,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop, num_scheduler_steps=args.num_scheduler_steps,
-                  tensor_parallel_size=args.tensor_parallel_size,
+                  enable_prefix_caching=args.enable_prefix_caching, tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
                   decode_buckets=engine.bucket_list(args.decode_buckets, args.max_num_seqs),
                   prefill_buckets=engine.bucket_list(args.prefill_buckets, args.max_num_batched_tokens))

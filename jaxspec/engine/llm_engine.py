@@ -113,7 +113,8 @@ class LLMEngine:
         self.k = runner.k  # K: the most drafts a step verifies
         # each step's k (jaxspec.engine.spec_policy); may be replaced between generate calls (benchmarks do)
         self.spec_policy = spec_policy or SpecPolicy(self.k)
-        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs)
+        self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs,
+                                          cfg.enable_prefix_caching)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens,
                                    output_processor.logprob_store.add_step)
         # unfinished, plus finished ones whose final output is not out yet; a request's first sample (its `group`
@@ -245,7 +246,7 @@ class LLMEngine:
         k = self.k
         self.runner.copy_pages(plan.copies)  # parallel samples' prompt prefixes, before the prefill reads them
         if plan.prefill:
-            self.spec_policy.reset_slots([c.seq.slot for c in plan.prefill if c.start == 0])
+            self.spec_policy.reset_slots([c.seq.slot for c in plan.prefill if c.start == c.seq.num_copied])
         if plan.decode:
             slots = np.asarray(plan.decode_slots)
             k = self.spec_policy.choose(len(slots), pick_bucket(self.cfg.decode_buckets, len(slots)), slots)

@@ -170,7 +170,8 @@ class OutputProcessor:
             prompt_logprobs = self._prompt_logprobs(lead)  # (streamed: in the first output only, as in vLLM)
         lead.num_outputs += 1
         return RequestOutput(lead.request_id, lead.prompt, lead.prompt_token_ids, prompt_logprobs, completions,
-                             finished, metrics=_request_metrics(group))
+                             finished, metrics=_request_metrics(group),
+                             num_cached_tokens=max(0, lead.num_cached_tokens))
 
     def _completion(self, seq: Sequence) -> CompletionOutput | None:
         kind, p = seq.params.output_kind, seq.params

@@ -142,6 +142,13 @@ class Scheduler:
         return True
 
     @staticmethod
+    def _may_share_prefix(seq: Sequence) -> bool:
+        """Whether a request may start its prefill past cached pages: not one whose logits processors count the
+        prompt's tokens as prefill runs them (penalties), nor one that wants every prompt token's logprobs (vLLM
+        skips the cache for those too)."""
+        return not seq.params.needs_processors and seq.params.prompt_logprobs is None
+
+    @staticmethod
     def _share_source(seq: Sequence) -> Sequence | None | bool:
         """For a new sample of a parallel request: the first sample whose prompt KV it can copy now, False if it
         should wait for that prompt to be planned, None if it prefills on its own."""
@@ -185,12 +192,17 @@ class Scheduler:
                 seq.start_prefill()
                 if source is not None:
                     seq.num_prefilled = seq.num_copied = len(seq.prompt_token_ids) - 1
+                elif self._may_share_prefix(seq):
+                    seq.num_prefilled = seq.num_copied = self.block_manager.share_prefix(seq)
             remaining = len(seq.prefill_token_ids) - seq.num_prefilled
             n = min(remaining, budget)
             is_last = n == remaining
             # the last chunk's first drafts look k-1 positions past the prompt's sampled token
             need = seq.num_prefilled + n + (self.k if is_last else 0)
             if not self.block_manager.can_grow(seq, min(need, self.cfg.max_model_len)):
+                if new:  # it waits on: the cached pages it took go back
+                    self.block_manager.free(seq)
+                    seq.num_prefilled = seq.num_copied = 0
                 break
             if new:
                 self.waiting.remove(seq)
@@ -199,6 +211,7 @@ class Scheduler:
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.first_scheduled_time = time.time()
                     seq.metrics.time_in_queue = seq.metrics.first_scheduled_time - seq.metrics.arrival_time
+                    seq.num_cached_tokens = 0 if source is not None else seq.num_copied
             self.block_manager.grow(seq, min(need, self.cfg.max_model_len))
             if source is not None:
                 seq.prompt_mask_from = source.slot
@@ -206,8 +219,10 @@ class Scheduler:
             plan.prefill.append(PrefillChunk(seq, seq.num_prefilled, n, is_last))
             seq.num_prefilled += n
             budget -= n
-        # 3. mark what is in flight; a prompt finished now already decodes in this step (the prefill runs first)
+        # 3. mark what is in flight; a prompt finished now already decodes in this step (the prefill runs first).
+        # The pages this step fills are cached for later steps' new requests (dispatched after it), not this one's
         for chunk in plan.prefill:
+            self.block_manager.register(chunk.seq, chunk.start + chunk.length)
             chunk.seq.num_inflight += 1
             if chunk.is_last:
                 chunk.seq.inflight_max_tokens += 1

@@ -38,9 +38,11 @@ class Sequence:
     slot: int = -1
     pages: list[int] = field(default_factory=list)
     num_prefilled: int = 0  # tokens of `prefill_token_ids` whose KV is computed
-    num_copied: int = 0  # of those, the prefix copied from the group's leader (a parallel sample): prefill starts here
+    num_copied: int = 0  # of those, the prefix copied from the leader (parallel samples) or cached: prefill starts here
     prompt_mask_from: int = -1  # the slot whose prompt token mask this sample's admission copies (-1: none)
     prefill_token_ids: list[int] = field(default_factory=list)  # what prefill feeds: prompt (+ outputs if preempted)
+    page_hashes: list[bytes] = field(default_factory=list)  # prefix hashes of its full pages (BlockManager)
+    num_cached_tokens: int = -1  # prompt tokens its first prefill found in the prefix cache (-1: not yet planned)
     decoding: bool = False  # prefill done; the device state holds last_token and seq_len
     num_inflight: int = 0  # dispatched steps whose tokens are not committed yet
     inflight_max_tokens: int = 0  # the most tokens those steps can add (1 per prefill end, k+1 per decode)
