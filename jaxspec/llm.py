@@ -302,7 +302,8 @@ class LLM:
         return outs
 
     def get_metrics(self) -> dict:
-        """Speculative decoding counters, step timing, the scheduler's state and the tokens run through prefill."""
+        """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill and the
+        prefix cache's queried and found prompt tokens."""
         engine = self.llm_engine
         t, sched = engine.times, engine.scheduler
         return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "num_dispatches": t.num_dispatches,
@@ -311,7 +312,9 @@ class LLM:
                 "num_steps_by_k": dict(engine.spec_policy.num_steps_by_k),
                 "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting),
                 "num_free_pages": engine.block_manager.num_free, "num_pages": self.engine_config.num_pages,
-                "num_prefill_tokens": engine.runner.num_prefill_tokens}
+                "num_prefill_tokens": engine.runner.num_prefill_tokens,
+                "prefix_cache_queries": engine.block_manager.prefix_queries,
+                "prefix_cache_hits": engine.block_manager.prefix_hits}
 
     # ---- requests of one call
 

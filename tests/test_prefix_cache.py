@@ -98,6 +98,7 @@ def test_outputs_equal_an_engine_without_the_cache(trained_heads, method):
          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, prompt_logprobs=2),
          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
          SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, n=2, seed=9)]
+    hits_before = 0
     for params in (greedy, greedy, mixed):
         before = [llm.llm_engine.runner.num_prefill_tokens for llm in (on, off)]
         accepted = [llm.get_metrics().get("num_accepted_tokens", 0) for llm in (on, off)]
@@ -108,6 +109,9 @@ def test_outputs_equal_an_engine_without_the_cache(trained_heads, method):
         cached = [o.num_cached_tokens for o in got]
         if params is greedy:  # (a parallel sample's own prefill, copied or cached, is not its request's count)
             assert computed[0] == computed[1] - sum(cached)
+            hits = on.get_metrics()["prefix_cache_hits"]
+            assert hits - hits_before == sum(cached) and off.get_metrics()["prefix_cache_queries"] == 0
+        hits_before = on.get_metrics()["prefix_cache_hits"]
         if method is not None:
             drafts = [llm.get_metrics()["num_accepted_tokens"] - a for llm, a in zip((on, off), accepted)]
             assert drafts[0] == drafts[1] > 0

@@ -249,6 +249,8 @@ def test_models_health_metrics(served):
     delta = lambda name, **kw: metric(after, name, **kw) - metric(before, name, **kw)  # noqa: E731
     assert delta("vllm:generation_tokens_total", model_name=MODEL) == 5
     assert delta("vllm:prompt_tokens_total", model_name=MODEL) == 3
+    # the prefix cache looked the prompt up; 3 tokens fill no page, so it found none
+    assert (delta("vllm:prefix_cache_queries_total"), delta("vllm:prefix_cache_hits_total")) == (3, 0)
     assert delta("vllm:request_success_total", finished_reason="length") == 1
     assert delta("vllm:time_to_first_token_seconds_count") == 1
     assert delta("vllm:e2e_request_latency_seconds_count") == 1

@@ -29,6 +29,9 @@ class BlockManager:
         # Every slot's block table, kept current as pages come and go, so a step's tables are one gather by slot.
         # Row num_slots (padding rows) and unallocated entries are -1.
         self.tables = np.full((num_slots + 1, pages_per_seq), -1, np.int32)
+        # prompt tokens of admitted requests that looked in the cache, and of those found there (vLLM's
+        # prefix_cache_queries and prefix_cache_hits)
+        self.prefix_queries = self.prefix_hits = 0
         self.reset()
 
     def reset(self) -> None:

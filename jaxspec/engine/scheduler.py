@@ -182,7 +182,7 @@ class Scheduler:
             if budget == 0 or len(plan.prefill) == self.cfg.max_prefill_seqs:
                 break
             new = seq.status is Status.WAITING
-            source = None
+            source, looked = None, False
             if new:
                 if not self.free_slots:
                     break
@@ -192,8 +192,9 @@ class Scheduler:
                 seq.start_prefill()
                 if source is not None:
                     seq.num_prefilled = seq.num_copied = len(seq.prompt_token_ids) - 1
-                elif self._may_share_prefix(seq):
+                elif self.block_manager.enable_prefix_caching and self._may_share_prefix(seq):
                     seq.num_prefilled = seq.num_copied = self.block_manager.share_prefix(seq)
+                    looked = True
             remaining = len(seq.prefill_token_ids) - seq.num_prefilled
             n = min(remaining, budget)
             is_last = n == remaining
@@ -212,6 +213,9 @@ class Scheduler:
                     seq.metrics.first_scheduled_time = time.time()
                     seq.metrics.time_in_queue = seq.metrics.first_scheduled_time - seq.metrics.arrival_time
                     seq.num_cached_tokens = 0 if source is not None else seq.num_copied
+                if looked:
+                    self.block_manager.prefix_queries += len(seq.prefill_token_ids)
+                    self.block_manager.prefix_hits += seq.num_copied
             self.block_manager.grow(seq, min(need, self.cfg.max_model_len))
             if source is not None:
                 seq.prompt_mask_from = source.slot

@@ -53,6 +53,10 @@ class EngineCollector:
         yield gauge("jaxspec:num_kv_pages", "KV-cache pages in the pool.", m["num_pages"])
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                       m["num_preemptions"])
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                      m["prefix_cache_queries"])
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      m["prefix_cache_hits"])
         # where the engine's time goes (no vLLM names for these): steps, time inside step() and the part of it spent
         # waiting for the device, and time handing outputs to the server
         yield counter("jaxspec:engine_steps", "Engine steps run.", m["num_steps"])
