@@ -9,6 +9,7 @@ import pytest
 
 from jaxspec import SamplingParams
 from jaxspec.engine.block_manager import BlockManager
+from jaxspec.engine.llm_engine import metrics_delta
 from jaxspec.engine.sequence import Sequence
 from tests.tiny import make_llm, random_prompts, tiny_weights
 
@@ -98,23 +99,18 @@ def test_outputs_equal_an_engine_without_the_cache(trained_heads, method):
          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, prompt_logprobs=2),
          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
          SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, n=2, seed=9)]
-    hits_before = 0
     for params in (greedy, greedy, mixed):
-        before = [llm.llm_engine.runner.num_prefill_tokens for llm in (on, off)]
-        accepted = [llm.get_metrics().get("num_accepted_tokens", 0) for llm in (on, off)]
+        before = [llm.get_metrics() for llm in (on, off)]
         got, want = (llm.generate(prompts, params, use_tqdm=False) for llm in (on, off))
+        run = [metrics_delta(b, llm.get_metrics()) for llm, b in zip((on, off), before)]
         assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
         assert all(o.num_cached_tokens == 0 for o in want)
-        computed = [llm.llm_engine.runner.num_prefill_tokens - b for llm, b in zip((on, off), before)]
         cached = [o.num_cached_tokens for o in got]
         if params is greedy:  # (a parallel sample's own prefill, copied or cached, is not its request's count)
-            assert computed[0] == computed[1] - sum(cached)
-            hits = on.get_metrics()["prefix_cache_hits"]
-            assert hits - hits_before == sum(cached) and off.get_metrics()["prefix_cache_queries"] == 0
-        hits_before = on.get_metrics()["prefix_cache_hits"]
+            assert run[0]["num_prefill_tokens"] == run[1]["num_prefill_tokens"] - sum(cached)
+            assert run[0]["prefix_cache_hits"] == sum(cached) and run[1]["prefix_cache_queries"] == 0
         if method is not None:
-            drafts = [llm.get_metrics()["num_accepted_tokens"] - a for llm, a in zip((on, off), accepted)]
-            assert drafts[0] == drafts[1] > 0
+            assert run[0]["num_accepted_tokens"] == run[1]["num_accepted_tokens"] > 0
         if params is mixed:
             # penalties and prompt logprobs read every prompt token through prefill: no hits for those
             assert cached[4] == cached[5] == 0 and cached[6] > 0

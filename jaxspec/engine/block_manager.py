@@ -99,9 +99,8 @@ class BlockManager:
 
     def share_prefix(self, seq: Sequence) -> int:
         """Give a sequence that starts its prefill (no pages yet) the cached pages of the longest run of its full
-        pages found in the cache; returns the tokens they cover (its prefill starts there)."""
-        if not self.enable_prefix_caching:
-            return 0
+        pages found in the cache; returns the tokens they cover (its prefill starts there). (With the cache off
+        nothing is registered, so nothing is found; the scheduler does not look then.)"""
         usable = (len(seq.prefill_token_ids) - 1) // self.page_size
         for h in self._hashes(seq, usable):
             page = self.cached.get(h)

@@ -116,7 +116,6 @@ class Scheduler:
         later. So it writes positions [0, min(U + reach, max_model_len))."""
         return (num_steps - 1) * (self.k + 1) + (2 * self.k - 1 if self.k else 0)
 
-
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's pages and slot; it is recomputed from its tokens once its in-flight steps
         are committed. Safe while those steps still use the pages: the device runs steps in order, so a later
