@@ -12,5 +12,6 @@ timeout $((560 - SECONDS)) python3 bench/throughput.py --model weights/smollm2-1
   --compilation-cache-dir /root/xla --results-dir /root/m --output-json /root/m/sweep-$d.json > /root/m/sweep-$d.log 2>&1
 echo "rc $? t=$SECONDS"
 cp /root/m/sweep-$d.json /root/m/sweep-$d.log $OUT/
-python3 .gpu/ratios.py  # ../../20261204-h200-twins-end-to-end/scripts/ratios.py /root/m/sweep-$d.json
+# .gpu/ratios.py: ../../20261204-h200-twins-end-to-end/scripts/ratios.py
+python3 .gpu/ratios.py /root/m/sweep-$d.json
 echo "done t=$SECONDS"
