@@ -8,14 +8,16 @@ host's share shows), a random EAGLE-1 head at synthetic acceptance 0.7, greedy, 
 beside it the whole generate call's time per step (what the engine's steps leave to the call: its texts).
 `--numpy-device` replaces the runner's device calls by numpy outputs of the same shapes (drafts accepted with
 probability 0.7): the engine's own Python alone, without JAX's dispatch, the device's work competing for this
-machine's cores, or a GPU. `--profile` adds a cProfile of one run, by own time. Needs the SmolLM2 tokenizer
-(`jaxspec fetch`).
+machine's cores, or a GPU. `--profile` adds a cProfile of one run, by own time. Python's cyclic garbage
+collections during the timed calls are counted and timed (gc.callbacks): each lands inside some step. Needs the
+SmolLM2 tokenizer (`jaxspec fetch`).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import pstats
 import shutil
@@ -71,6 +73,7 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=args.logprobs,
                             presence_penalty=args.presence_penalty)
     llm.generate(prompts, params, use_tqdm=False)  # compiles
+    collections = GarbageCollections()
     runs = []
     for i in range(args.runs):
         before = llm.get_metrics()
@@ -78,7 +81,8 @@ def main() -> None:
         if prof:
             prof.enable()
         t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        with collections:
+            llm.generate(prompts, params, use_tqdm=False)
         call = time.perf_counter() - t0
         if prof:
             prof.disable()
@@ -95,6 +99,35 @@ def main() -> None:
     print(f"batch {args.batch}, k {args.k}{options}: host work {work:.3f} ms/step (median of {len(runs)}; least "
           f"{min(runs)[0]:.3f}), wall {wall:.3f} ms/step, the whole generate call {call:.3f} ms/step, {steps} steps "
           f"({time.strftime('%Y-%m-%d')}); runs in order: " + ", ".join(f"{w:.3f}" for w, *_ in runs))
+    total_steps = sum(r[2] for r in runs)
+    print(f"garbage collections during the timed calls: {collections.count} (by generation {collections.by_gen}), "
+          f"{collections.seconds * 1e3:.1f} ms in all, {collections.seconds / total_steps * 1e3:.3f} ms a step, "
+          f"the longest {collections.longest * 1e3:.2f} ms")
+
+
+class GarbageCollections:
+    """Python's cyclic collections while inside the `with`: their count per generation and time (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.by_gen, self.count, self.seconds, self.longest = [0, 0, 0], 0, 0.0, 0.0
+        self._start, self._on = 0.0, False
+        gc.callbacks.append(self._callback)
+
+    def __enter__(self) -> None:
+        self._on = True
+
+    def __exit__(self, *exc) -> None:
+        self._on = False
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._on:
+            t = time.perf_counter() - self._start
+            self.by_gen[info["generation"]] += 1
+            self.count += 1
+            self.seconds += t
+            self.longest = max(self.longest, t)
 
 
 def numpy_device(runner, batch: int) -> None:
