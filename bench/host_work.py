@@ -109,9 +109,13 @@ class GarbageCollections:
     """Python's cyclic collections while inside the `with`: their count per generation and time (gc.callbacks)."""
 
     def __init__(self) -> None:
-        self.by_gen, self.count, self.seconds, self.longest = [0, 0, 0], 0, 0.0, 0.0
+        self.by_gen, self.seconds, self.longest = [0, 0, 0], 0.0, 0.0
         self._start, self._on = 0.0, False
         gc.callbacks.append(self._callback)
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_gen)
 
     def __enter__(self) -> None:
         self._on = True
@@ -125,7 +129,6 @@ class GarbageCollections:
         elif self._on:
             t = time.perf_counter() - self._start
             self.by_gen[info["generation"]] += 1
-            self.count += 1
             self.seconds += t
             self.longest = max(self.longest, t)
 
