@@ -1,6 +1,6 @@
 """Device time of the sampling stages of a verify step, one jitted function per stage: the plain greedy
 rejection sampler against the extended step's (processors + logprobs) stages, and ways to take the top-N logprobs
-(lax.top_k over the vocabulary, processors.top_n, N argmax passes).
+(lax.top_k over the vocabulary, processors.top_n, N argmax passes), and on a GPU the one-kernel greedy pass.
 
     python bench/sampler_cost.py --batch 96 --k 3 --vocab 49152 --num-logprobs 5,20
 
@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.timing import median_time  # noqa: E402
-from jaxspec.engine import processors, sampler  # noqa: E402
+from jaxspec.engine import greedy_pass, processors, sampler  # noqa: E402
 
 
 def median_ms(f, *args, iters: int) -> float:
@@ -74,10 +74,9 @@ def main() -> None:
     args = ap.parse_args()
     B, T, V = args.batch, args.k + 1, args.vocab
     logits, tokens, q0, num_valid, state, packed, slots = inputs(B, T, V)
-    rows = jax.jit(lambda s, sl: s.rows(sl))(state, slots)
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     p = processors.Params.unpack(packed)
-    processed = jax.jit(processors.apply)(logits, tokens, q0, rows, p)
+    processed = jax.jit(processors.apply)(logits, tokens, q0, state, slots, p)
     probs = jax.jit(sampler.filter_probs, static_argnums=4)(processed, temperature, top_k, top_p, False, p.min_p)
     scores = jax.jit(processors.distribution_scores)(processed, probs, temperature)
     emitted = jnp.where(jnp.arange(T) < 2, tokens, -1)
@@ -87,8 +86,7 @@ def main() -> None:
         jax.jit(lambda l, t, n, s, q: sampler.rejection_sample(l, t[:, 1:], n, temperature, top_k, top_p, s, q,
                                                                True, False)), logits, tokens, num_valid, seeds, q0,
         **it)
-    stages["rows(slots) gather"] = median_ms(jax.jit(lambda s, sl: s.rows(sl)), state, slots, **it)
-    stages["apply (processors)"] = median_ms(jax.jit(processors.apply), logits, tokens, q0, rows, p, **it)
+    stages["apply (processors)"] = median_ms(jax.jit(processors.apply), logits, tokens, q0, state, slots, p, **it)
     stages["filter_probs (min_p on)"] = median_ms(jax.jit(sampler.filter_probs, static_argnums=4),
                                                   processed, temperature, top_k, top_p, False, p.min_p, **it)
     stages["accept"] = median_ms(jax.jit(sampler.accept), probs, tokens[:, 1:], num_valid, seeds, q0 + 1, **it)
@@ -103,8 +101,12 @@ def main() -> None:
         stages[f"argmax passes N={num}"] = median_ms(jax.jit(top_n_argmax, static_argnums=1), scores, num, **it)
         for greedy in (False, True):
             stages[f"processors.sample N={num}{' all_greedy' if greedy else ''}"] = median_ms(
-                jax.jit(processors.sample, static_argnums=(6, 7, 8)), logits, tokens, num_valid, q0, rows, packed,
-                False, num, greedy, **it)
+                jax.jit(processors.sample, static_argnums=(7, 8, 9)), logits, tokens, num_valid, q0, state, slots,
+                packed, False, num, greedy, **it)
+        if jax.default_backend() == "gpu" and greedy_pass.supported(V):
+            stages[f"greedy_pass.sample N={num}"] = median_ms(
+                jax.jit(greedy_pass.sample, static_argnums=7), logits, tokens, num_valid, q0, state, slots, packed,
+                num, **it)
     stages["rank (sum scores >= token)"] = median_ms(
         jax.jit(lambda x, t: jnp.sum(x >= jnp.take_along_axis(x, jnp.maximum(t, 0)[..., None], -1), -1)),
         scores, emitted, **it)

@@ -4,10 +4,7 @@ lowering to Triton for a GPU. The kernels run in Pallas's interpreter here; test
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +15,7 @@ from jaxspec import LLM, SamplingParams
 from jaxspec.models import attention as attn
 from jaxspec.models import eagle, fused_layer, llama
 from jaxspec.models.kernel_config import KernelConfig
+from tests import triton_ir
 from tests.numerics import BF16_EPS, FP32_EPS, assert_close_scaled
 from tests.tiny import random_prompts
 
@@ -180,20 +178,10 @@ def test_kernels_lower_to_triton_for_a_gpu():
 
 
 def test_kernels_compile_to_gpu_machine_code(tmp_path, monkeypatch):
-    """Past lowering: the Triton IR Pallas makes of each kernel (what XLA compiles on a GPU) compiles to H200 (sm_90)
-    machine code with the triton package's compiler and ptxas, at SmolLM2's and Llama-3-8B's shapes, 16 tokens,
-    without register spills. A
-    check of the kernels' shapes, layouts and ops against Triton's own rules, which the interpreter does not apply;
-    the triton package is not jaxlib's Triton, so this is evidence, and tests/test_gpu.py the proof."""
-    triton = pytest.importorskip("triton")
-    from jax._src.pallas.triton import lowering
-    from triton.backends.compiler import GPUTarget
-
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    modules = []
-    make = lowering.lower_jaxpr_to_triton_module
-    monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", lambda *a, **kw: modules.append(
-        make(*a, **kw)) or modules[-1])
+    """Past lowering: the Triton IR Pallas makes of each kernel compiles to H200 (sm_90) machine code without
+    register spills, at SmolLM2's and Llama-3-8B's shapes, 16 tokens (tests/triton_ir.py)."""
+    pytest.importorskip("triton")
+    modules = triton_ir.capture_modules(monkeypatch)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
     for hidden, heads, kv_heads, head_dim, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
         cfg = llama.Config(vocab_size=1024, hidden_size=hidden, intermediate_size=inter, num_layers=1,
@@ -204,18 +192,7 @@ def test_kernels_compile_to_gpu_machine_code(tmp_path, monkeypatch):
         jax.jit(lambda w, t, p, kv, b: llama.forward(w, cfg, t, p, kv, b)).trace(  # noqa: B023
             w, i32(4, 4), i32(4, 4), kv, attn.AttnBatch(i32(4, 8), i32(4, 4))).lower(lowering_platforms=("cuda",))
     assert len(modules) == 10
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    for i, result in enumerate(modules):
-        path = tmp_path / f"kernel{i}.ttir"
-        path.write_text(result.module.operation.get_asm(enable_debug_info=False))
-        compiled = triton.compile(str(path), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
-                                                                                        "num_stages": 3})
-        assert compiled.asm["cubin"], path
-        (tmp_path / f"kernel{i}.ptx").write_text(compiled.asm["ptx"])
-        usage = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(tmp_path / f"kernel{i}.ptx"), "-o",
-                                os.devnull], capture_output=True, text=True, check=True).stderr
-        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", usage)]
-        assert spills and not any(spills), usage  # registers enough: a spill goes through memory each time
+    triton_ir.assert_compiles_without_spills(modules, tmp_path, monkeypatch, num_warps=4, num_stages=3)
 
 
 def test_engine_greedy_output_equals_the_xla_layers(monkeypatch):

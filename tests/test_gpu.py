@@ -110,3 +110,12 @@ def test_fused_layers_match_xla_on_gpu(B, T, hidden, heads, kv_heads, head_dim, 
     # bf16 roundings that fall the other way (other sums, fewer ops) through two layers, as the CPU test
     for name, got, want in zip(("hidden", "k", "v"), out["fused"], out["xla"]):
         assert_close_scaled(got.astype(jnp.float32), want.astype(jnp.float32), 8 * BF16_EPS, err_msg=name)
+
+
+@pytest.mark.parametrize("V, process", [(49152, True), (49152, False), (800, True)])
+def test_greedy_pass_equals_the_xla_path_on_gpu(V, process):
+    """The one-kernel greedy pass compiled for the GPU gives processors.sample's tokens, accept counts, ranks and
+    top-N ids, and its logprobs to fp32 rounding (tests/test_greedy_pass.py's checks, at SmolLM2's vocabulary)."""
+    from tests.test_greedy_pass import check_sample
+
+    check_sample(V, 5, process, interpret=False)

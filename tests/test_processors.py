@@ -94,15 +94,16 @@ def packed_params(c, seeds, prompt_len=len(PROMPT)):
 def sample(logits, inputs, num_valid, q0, rows, packed, wrong=None):
     """processors.sample (the engine's extended path), or a deliberately wrong variant (negative controls):
     "bonus_only" processes only the last position; "no_draft_history" ignores the drafts as history."""
+    slots = jnp.arange(logits.shape[0])  # row b's state is rows' row b
     if wrong is None:
-        tokens, n_acc, _ = processors.sample(logits, inputs, num_valid, q0, rows, packed, True, 0)
+        tokens, n_acc, _ = processors.sample(logits, inputs, num_valid, q0, rows, slots, packed, True, 0)
         return tokens, n_acc
     p = processors.Params.unpack(packed)
-    processed = processors.apply(logits, inputs, q0, rows, p)
+    processed = processors.apply(logits, inputs, q0, rows, slots, p)
     if wrong == "bonus_only":
         processed = jnp.concatenate([logits[:, :-1], processed[:, -1:]], axis=1)
     else:
-        processed = jnp.concatenate([processors.apply(logits[:, j:j + 1], inputs[:, :1], q0 + j, rows, p)
+        processed = jnp.concatenate([processors.apply(logits[:, j:j + 1], inputs[:, :1], q0 + j, rows, slots, p)
                                      for j in range(logits.shape[1])], axis=1)
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     probs = sampler.filter_probs(processed, temperature, top_k, top_p, True, p.min_p)
@@ -206,7 +207,7 @@ def apply_and_oracle(c, seed: int, fixed: list, B: int = 64, k: int = 3):
     q0 = len(PROMPT) + len(OUTPUT) - 1
     params = processors.Params.unpack(packed_params(c, np.zeros(B)))
     got = np.asarray(jax.jit(processors.apply)(jnp.asarray(logits), jnp.asarray(inputs), jnp.full((B,), q0),
-                                               make_rows(c, B), params))
+                                               make_rows(c, B), jnp.arange(B), params))
     want = np.array([[ref_logits(logits[b, j], PROMPT, OUTPUT + drafts[b, :j].tolist(), c) for j in range(k + 1)]
                      for b in range(B)])
     empty = ~np.isfinite(want).any(axis=-1)

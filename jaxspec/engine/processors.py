@@ -28,7 +28,8 @@ one compare per earlier draft), then one scatter of the bad words' bans. Bad wor
 recent history (a per-slot ring of HISTORY tokens, committed on device) with each word: [B, k+1, W, L]. The
 consumers (the greedy argmax, the logprobs' logsumexp, rank and top-N) read the result in two passes: block
 maxima (the row max, the argmax's block and top-N's blocks come from them), then the sum of exponentials and
-the rank together.
+the rank together. On a GPU an all-greedy batch runs all of that as one kernel instead (greedy_pass.py), which
+never writes the processed logits out.
 
 Device state per slot (ProcessorState, in step.SlotState; memory (S+1) * V * 10 bytes): output counts and the
 prompt's token mask (set in prefill, counted in every extended commit), the bias row, the min_tokens stop mask
@@ -38,6 +39,7 @@ the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import NamedTuple
@@ -78,10 +80,6 @@ class ProcessorState:
                    history=jnp.zeros((S1, HISTORY), jnp.int32), num_allowed=jnp.full((S1,), V, jnp.int32),
                    num_allowed_stops=jnp.zeros((S1,), jnp.int32))
 
-    def rows(self, slots: jax.Array) -> "ProcessorState":
-        """The rows of these slots [B] (a ProcessorState of B rows)."""
-        return jax.tree.map(lambda x: x[slots], self)
-
 
 class Params(NamedTuple):
     """The processor columns of the packed sampling params, [B] each."""
@@ -106,60 +104,112 @@ def _penalize(x: jax.Array, count: jax.Array, seen: jax.Array, p: Params) -> jax
     return x - p.frequency * count - p.presence * (count > 0)
 
 
-def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, rows: ProcessorState, p: Params) -> jax.Array:
-    """Processed logits [B, T, V] fp32 (steps 1 and 2): logits [B, T, V] at the positions after inputs [B, T]
-    (inputs[:, 0] at position q0 [B]; its count and history are already in `rows`, the rest are drafts)."""
-    B, T, V = logits.shape
-    raw = logits.astype(jnp.float32)
-    out_index = q0[:, None] + 1 + jnp.arange(T) - p.prompt_len[:, None]  # [B, T]: output index of each token
-    short = out_index < p.min_tokens[:, None]  # [B, T]: EOS and the stop ids are banned here
-    banned, match = _bad_word_bans(inputs, q0, rows, p.prompt_len)  # [B, T, W]
-    # a stale slot's state never reaches a plain row; a position the bans would leave empty is unprocessed
-    keep = p.extended[:, None] & ~_nothing_left(rows, short, banned, match)  # [B, T]
-    x = raw + rows.bias[:, None]
-    x = jnp.where(short[..., None] & rows.stop_mask[:, None], -jnp.inf, x)
-    # output counts at position j: the committed counts plus the drafts before j (inputs[:, 1 + i], i < j), one
-    # elementwise term per draft so that XLA fuses the whole pass (no [B, T, V] scatter)
-    vocab = jnp.arange(V, dtype=jnp.int32)
-    count = jnp.broadcast_to(rows.counts[:, None], (B, T, V))
+def process(raw: jax.Array, bias: jax.Array, stop: jax.Array, count: jax.Array, prompt: jax.Array, short: jax.Array,
+            keep: jax.Array, p: Params) -> jax.Array:
+    """Steps 1 and 2 but the bad words' bans, elementwise on broadcastable arrays: raw logits (fp32), the slot's
+    bias, stop mask and prompt mask, the output counts at this position, whether EOS is banned (`short`) and
+    whether the position is processed (`keep`); the same code for the XLA pass, the greedy kernel's tiles
+    (greedy_pass.py) and the top-N candidates it re-reads."""
+    x = jnp.where(short & stop, -jnp.inf, raw + bias)
+    return jnp.where(keep, _penalize(x, count, prompt | (count > 0), p), raw)
+
+
+def count_drafts(count: jax.Array, ids: jax.Array, inputs: jax.Array) -> jax.Array:
+    """Output counts at each verify position [B, T, ...] of token ids `ids` (broadcast against [B, T, ...]): the
+    committed counts `count` plus the drafts before the position (inputs[:, 1 + i], i < j), one elementwise term
+    per draft so that XLA fuses it into the pass that reads it (no [B, T, V] scatter)."""
+    T = inputs.shape[1]
+    tail = (1,) * (ids.ndim - 2)
     for i in range(T - 1):
-        later = (jnp.arange(T) > i)[None, :, None]  # positions after draft i
-        count = count + ((inputs[:, 1 + i, None, None] == vocab) & later).astype(jnp.int32)
-    seen = rows.prompt_mask[:, None] | (count > 0)
+        later = (jnp.arange(T) > i).reshape((1, T) + tail)  # positions after draft i
+        count = count + ((inputs[:, 1 + i].reshape((-1, 1) + tail) == ids) & later).astype(jnp.int32)
+    return count
+
+
+class Bans(NamedTuple):
+    """What the pass over the vocabulary needs beyond the slots' rows, [B, T] or [B, T, W] (small arrays)."""
+    short: jax.Array  # EOS and the stop ids are banned here (output shorter than min_tokens)
+    keep: jax.Array  # the position is processed: the row's own state, and the bans leave some token
+    words: jax.Array  # [B, T, W]: each bad word's last token where the word bans it at the position, else -1
+
+
+def bans(inputs: jax.Array, q0: jax.Array, state: ProcessorState, slots: jax.Array, p: Params) -> Bans:
+    """The positions' bans and whether each is processed (see apply); no pass over the vocabulary."""
+    T = inputs.shape[1]
+    out_index = q0[:, None] + 1 + jnp.arange(T) - p.prompt_len[:, None]  # [B, T]: output index of each token
+    short = out_index < p.min_tokens[:, None]  # [B, T]
+    banned, match = _bad_word_bans(inputs, q0, state.history[slots], state.bad_words[slots], p.prompt_len)
+    # a stale slot's state never reaches a plain row; a position the bans would leave empty is unprocessed
+    keep = p.extended[:, None] & ~_nothing_left(state, slots, short, banned, match)  # [B, T]
+    return Bans(short, keep, jnp.where(match & keep[..., None], banned, -1))
+
+
+def slot_values(table: jax.Array, slots: jax.Array, ids: jax.Array) -> jax.Array:
+    """table [S+1, V] at these slots [B] and token ids [B, ...] (each < V) -> [B, ...]."""
+    B = slots.shape[0]
+    return table[slots[:, None], ids.reshape(B, -1)].reshape(ids.shape)
+
+
+def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, state: ProcessorState, slots: jax.Array,
+          p: Params) -> jax.Array:
+    """Processed logits [B, T, V] fp32 (steps 1 and 2): logits [B, T, V] at the positions after inputs [B, T]
+    (inputs[:, 0] at position q0 [B]; its count and history are already in the state of its slot, slots [B], the
+    rest are drafts)."""
+    B, T, V = logits.shape
+    ban = bans(inputs, q0, state, slots, p)
+    raw = logits.astype(jnp.float32)
+    row = lambda table: table[slots][:, None]  # noqa: E731  [B, 1, V]
+    count = count_drafts(row(state.counts), jnp.arange(V, dtype=jnp.int32)[None, None], inputs)
     pb = jax.tree.map(lambda a: a[:, None, None], p)  # [B, 1, 1]
-    out = jnp.where(keep[..., None], _penalize(x, count, seen, pb), raw)
+    out = process(raw, row(state.bias), row(state.stop_mask), count, row(state.prompt_mask), ban.short[..., None],
+                  ban.keep[..., None], pb)
     # the bans last (-inf stays -inf under each step), as a scatter into the pass's output: [B, T, W] updates
     b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
-    return out.at[b, t, banned].min(jnp.where(match & keep[..., None], -jnp.inf, jnp.inf))
+    return out.at[b, t, jnp.maximum(ban.words, 0)].min(jnp.where(ban.words >= 0, -jnp.inf, jnp.inf))
 
 
-def _bad_word_bans(inputs: jax.Array, q0: jax.Array, rows: ProcessorState,
+def processed_at(logits: jax.Array, inputs: jax.Array, state: ProcessorState | None, slots: jax.Array,
+                 p: Params, ban: Bans | None, ids: jax.Array) -> jax.Array:
+    """apply's output (or the raw logits, state None) at token ids [B, T, K] (each < V), from gathers: the values
+    of a few candidates without the pass over the vocabulary."""
+    raw = jnp.take_along_axis(logits, ids, axis=-1).astype(jnp.float32)
+    if state is None:
+        return raw
+    at = lambda table: slot_values(table, slots, ids)  # noqa: E731
+    pb = jax.tree.map(lambda a: a[:, None, None], p)
+    x = process(raw, at(state.bias), at(state.stop_mask), count_drafts(at(state.counts), ids, inputs),
+                at(state.prompt_mask), ban.short[..., None], ban.keep[..., None], pb)
+    return jnp.where(jnp.any(ids[..., :, None] == ban.words[..., None, :], axis=-1), -jnp.inf, x)
+
+
+def _bad_word_bans(inputs: jax.Array, q0: jax.Array, history: jax.Array, bad_words: jax.Array,
                    prompt_len: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Each bad word's last token [B, T, W] (0 where there is no word) and whether the word bans it at each
-    position [B, T, W]: its other tokens end the history there."""
+    position [B, T, W]: its other tokens end the history there. history, bad_words: the rows' [B, ...]."""
     T = inputs.shape[1]
-    L = rows.bad_words.shape[-1]
+    L = bad_words.shape[-1]
     # tokens at positions q0-L+2 .. q0 from the ring, then the drafts: position j's prefix is window[:, j:j+L-1]
     pos = q0[:, None] + jnp.arange(-(L - 2), 1)  # [B, L-1]
-    past = jnp.take_along_axis(rows.history, pos % HISTORY, axis=1)
+    past = jnp.take_along_axis(history, pos % HISTORY, axis=1)
     past = jnp.where(pos >= prompt_len[:, None], past, _BEFORE_OUTPUT)
     window = jnp.concatenate([past, inputs[:, 1:]], axis=1)  # [B, L-1 + T-1]
     prefixes = jnp.stack([window[:, j:j + L - 1] for j in range(T)], axis=1)  # [B, T, L-1]
-    word_prefix, last = rows.bad_words[:, None, :, :-1], rows.bad_words[:, None, :, -1]  # [B,1,W,L-1], [B,1,W]
+    word_prefix, last = bad_words[:, None, :, :-1], bad_words[:, None, :, -1]  # [B,1,W,L-1], [B,1,W]
     match = jnp.all((word_prefix == -1) | (word_prefix == prefixes[:, :, None]), axis=-1) & (last >= 0)
     return jnp.broadcast_to(jnp.maximum(last, 0), match.shape), match
 
 
-def _nothing_left(rows: ProcessorState, short: jax.Array, banned: jax.Array, match: jax.Array) -> jax.Array:
+def _nothing_left(state: ProcessorState, slots: jax.Array, short: jax.Array, banned: jax.Array,
+                  match: jax.Array) -> jax.Array:
     """[B, T]: the bans leave no token. A token survives step 1 iff its bias is finite, it is not a stop token
     while the output is short, and no matched bad word bans it: count those from the admission-time counts and
     the distinct allowed tokens that the matched words ban beyond the stops (W x W compares, no pass over V)."""
     B, T, W = banned.shape
-    at = lambda row: jnp.take_along_axis(row, banned.reshape(B, -1), axis=1).reshape(B, T, W)  # noqa: E731
-    new = match & (at(rows.bias) > -jnp.inf) & ~(short[..., None] & at(rows.stop_mask))
+    at = lambda table: slot_values(table, slots, banned)  # noqa: E731
+    new = match & (at(state.bias) > -jnp.inf) & ~(short[..., None] & at(state.stop_mask))
     earlier = jnp.arange(W)[None, :] < jnp.arange(W)[:, None]  # [w, w']: w' comes before w
     repeat = jnp.any(new[..., None, :] & (banned[..., :, None] == banned[..., None, :]) & earlier, axis=-1)
-    left = (rows.num_allowed[:, None] - jnp.where(short, rows.num_allowed_stops[:, None], 0)
+    left = (state.num_allowed[slots][:, None] - jnp.where(short, state.num_allowed_stops[slots][:, None], 0)
             - jnp.sum(new & ~repeat, axis=-1, dtype=jnp.int32))
     return left <= 0
 
@@ -190,13 +240,21 @@ def pack_logprobs(scores: jax.Array, tokens: jax.Array, num: int, block_max: jax
     total, rank = jax.lax.reduce((jnp.exp(scores - top), (scores >= token_score).astype(jnp.int32)),
                                  (jnp.float32(0), jnp.int32(0)), lambda a, b: (a[0] + b[0], a[1] + b[1]),
                                  (scores.ndim - 1,))
-    lse, rank = top + jnp.log(total)[..., None], rank[..., None]  # [B, T, 1]
+    lse = top + jnp.log(total)[..., None]  # [B, T, 1]
+    # XLA:CPU's top_k is a fast selection (5x quicker than top_n there); XLA:GPU's is not (top_n's docstring)
+    gpu = jax.default_backend() == "gpu"
+    return pack_columns(token_score - lse, rank[..., None], lse, num,
+                        lambda n: top_n(scores, n, block_max) if gpu else jax.lax.top_k(scores, n))
+
+
+def pack_columns(token_logprob: jax.Array, rank: jax.Array, lse: jax.Array, num: int,
+                 select: Callable[[int], tuple[jax.Array, jax.Array]]) -> jax.Array:
+    """pack_logprobs' columns from the token's logprob, its rank and the log-sum-exp of the scores [B, T, 1] each,
+    and a function giving the top `num` scores and their ids [B, T, num]."""
     bits = partial(jax.lax.bitcast_convert_type, new_dtype=jnp.int32)
-    cols = [bits(token_score - lse), rank]
+    cols = [bits(token_logprob), rank]
     if num:
-        # XLA:CPU's top_k is a fast selection (5x quicker than top_n there); XLA:GPU's is not (top_n's docstring)
-        values, ids = (top_n(scores, num, block_max) if jax.default_backend() == "gpu"
-                       else jax.lax.top_k(scores, num))
+        values, ids = select(num)
         cols += [bits(values - lse), ids.astype(jnp.int32)]
     return jnp.concatenate(cols, axis=-1)
 
@@ -252,34 +310,41 @@ def top_n(x: jax.Array, num: int, block_max: jax.Array | None = None) -> tuple[j
     if V <= SELECT_WIDTH:
         _, ids = jax.lax.top_k(_order_key(x), min(num, V))
         return jnp.take_along_axis(x, ids, axis=-1), ids.astype(jnp.int32)
-    blocks = _blocks(x)
     if block_max is None:
-        block_max = _block_maxima(blocks)
-    _, chosen = top_n(block_max, min(num, blocks.shape[-2]))  # [..., num blocks]
-    candidates = jnp.take_along_axis(blocks, chosen[..., None], axis=-2).reshape(*x.shape[:-1], -1)
-    ids = (chosen[..., None] * BLOCK + jnp.arange(BLOCK)).reshape(*x.shape[:-1], -1)  # [..., num * BLOCK]
+        block_max = _block_maxima(_blocks(x))
+    return top_n_of_blocks(block_max, num, V, lambda ids: jnp.take_along_axis(x, ids, axis=-1))
+
+
+def top_n_of_blocks(block_max: jax.Array, num: int, V: int,
+                    values_at: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """top_n's selection from the block maxima [..., ceil(V / BLOCK)] of x and a function giving x at ids [..., K]
+    (each < V), for when x itself was never written out (greedy_pass)."""
+    _, chosen = top_n(block_max, min(num, block_max.shape[-1]))  # [..., num blocks]
+    ids = (chosen[..., None] * BLOCK + jnp.arange(BLOCK)).reshape(*chosen.shape[:-1], -1)  # [..., num * BLOCK]
+    candidates = values_at(jnp.minimum(ids, V - 1))
     # padding below every float (-inf included), so a padded id is never chosen
     key = jnp.where(ids < V, _order_key(candidates), jnp.iinfo(jnp.int32).min)
     _, at = jax.lax.top_k(key, num)
     return jnp.take_along_axis(candidates, at, axis=-1), jnp.take_along_axis(ids, at, axis=-1).astype(jnp.int32)
 
 
-def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, rows: ProcessorState | None,
-           packed: jax.Array, filtered: bool, num_logprobs: int,
+def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, state: ProcessorState | None,
+           slots: jax.Array, packed: jax.Array, filtered: bool, num_logprobs: int,
            all_greedy: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`sampler.rejection_sample` of the drafts inputs[:, 1:] against the processed target (min_p included),
     keyed on positions q0 + 1 ..; returns (tokens [B, T], n_acc [B], logprobs of the tokens [B, T, 2 + 2 num]).
-    rows None: no row of the batch has a processor, so the target is the raw one (no state read, no pass over
-    the logits for them). all_greedy (static): every row is greedy, so the drafts are checked against the
-    processed argmax and the sampling distribution (softmax, min_p, random draws) is never built."""
+    state None: no row of the batch has a processor, so the target is the raw one (no state read, no pass over
+    the logits for them); else the rows' state is that of their slots [B]. all_greedy (static): every row is
+    greedy, so the drafts are checked against the processed argmax and the sampling distribution (softmax, min_p,
+    random draws) is never built (greedy_pass.sample does the same in one GPU kernel)."""
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     p = Params.unpack(packed)
-    processed = logits.astype(jnp.float32) if rows is None else apply(logits, inputs, q0, rows, p)
+    processed = logits.astype(jnp.float32) if state is None else apply(logits, inputs, q0, state, slots, p)
     if all_greedy:
         target, block_max = greedy_from_blocks(processed)  # the logprobs' pass reuses the block maxima
         tokens, n_acc = sampler.greedy_accept(target, inputs[:, 1:], num_valid)
         return tokens, n_acc, pack_logprobs(processed, tokens, num_logprobs, block_max)  # greedy rows' scores
-    probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, None if rows is None else p.min_p)
+    probs = sampler.filter_probs(processed, temperature, top_k, top_p, filtered, None if state is None else p.min_p)
     tokens, n_acc = sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
     return tokens, n_acc, pack_logprobs(distribution_scores(processed, probs, temperature), tokens, num_logprobs)
 

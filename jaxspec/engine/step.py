@@ -33,7 +33,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.engine import processors, sampler
+from jaxspec.engine import greedy_pass, processors, sampler
 from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, KVCache
 from jaxspec.parallel import StepShardings
@@ -163,6 +163,16 @@ def _attn_tables(block_tables: jax.Array) -> jax.Array:
     return jnp.maximum(block_tables, 0)  # unallocated entries are never visible; keep kernels' reads in bounds
 
 
+def greedy_kernel(spec: StepSpec, vocab_size: int) -> str | None:
+    """How an all-greedy extended decode step runs its pass over the vocabulary: greedy_pass's kernel ("pallas", or
+    "pallas-interpret" where the attention runs in Pallas's interpreter) or None (XLA: processors.sample)."""
+    cfg = spec.target
+    if (spec.all_greedy and cfg.kernel.greedy_pass and cfg.tp_size == 1 and greedy_pass.supported(vocab_size)
+            and cfg.attn_impl in ("pallas", "pallas-interpret")):
+        return cfg.attn_impl
+    return None
+
+
 def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches, state: SlotState,
                 rows_i32: jax.Array, sampling: jax.Array, spec: StepSpec) -> tuple[Caches, SlotState, jax.Array]:
     k = spec.num_speculative_tokens
@@ -184,9 +194,14 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
     num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
     if spec.extended:
-        proc_rows = state.proc.rows(slots) if spec.processors else None
-        emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, proc_rows, sampling,
-                                                     spec.filtered, spec.num_logprobs, spec.all_greedy)
+        proc = state.proc if spec.processors else None
+        kernel = greedy_kernel(spec, logits.shape[-1])
+        if kernel is not None:
+            emitted, n_acc, logprobs = greedy_pass.sample(logits, tokens, num_valid, n - 1, proc, slots, sampling,
+                                                          spec.num_logprobs, interpret=kernel == "pallas-interpret")
+        else:
+            emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, proc, slots, sampling,
+                                                         spec.filtered, spec.num_logprobs, spec.all_greedy)
     else:
         emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p,
                                                   seeds, n, spec.all_greedy, spec.filtered)
@@ -286,7 +301,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         proc = processors.prefill_tokens(proc, jnp.where(tok_valid, slots[tok_rows], S), tokens, positions,
                                          prompt_len[tok_rows], recent)
         emitted, _, logprobs = processors.sample(logits, tokens[last_index][:, None], jnp.zeros((R,), jnp.int32),
-                                                 first_pos - 1, proc.rows(slots), sampling, True, spec.num_logprobs)
+                                                 first_pos - 1, proc, slots, sampling, True, spec.num_logprobs)
     else:
         emitted, _ = sampler.rejection_sample(logits, jnp.zeros((R, 0), jnp.int32), jnp.zeros((R,), jnp.int32),
                                               temperature, top_k, top_p, seeds, first_pos, spec.all_greedy,

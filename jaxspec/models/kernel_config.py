@@ -59,6 +59,11 @@ class KernelConfig:
     # and one device. Off: on the H200 its kernels took 5-9 us each against XLA's 2-3 us GEMVs, and a batch-1 step
     # 1.41 against 1.21 ms (bench/results/20261205-h200-fused-layer/).
     fused_decode: bool = False
+    # An all-greedy decode step with logits processors or logprobs runs its pass over the vocabulary as one Pallas
+    # kernel (engine/greedy_pass.py): processing, argmax, log-sum-exp, ties and block maxima from one read of the
+    # logits and the slots' processor rows, where XLA writes the processed logits out and reads them twice more.
+    # Needs the Pallas attention (a GPU) and one device; processors.sample is the XLA path and the oracle.
+    greedy_pass: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
