@@ -61,18 +61,22 @@ def batch(seed: int, V: int, B: int = 5, T: int = 4, ties: bool = False):
             jnp.asarray(packed), random_state(rng, V))
 
 
-@pytest.mark.parametrize("V, ties, process", [(800, False, True), (4096, False, True), (800, True, True),
-                                              (4096, True, False), (160, False, False)])
-def test_statistics_equal_the_processed_logits(V, ties, process):
+@pytest.mark.parametrize("V, ties, process, dtype", [(800, False, True, "float32"), (4096, False, True, "float32"),
+                                                     (800, True, True, "float32"), (4096, True, False, "float32"),
+                                                     (160, False, False, "float32"), (2048, False, True, "bfloat16")])
+def test_statistics_equal_the_processed_logits(V, ties, process, dtype):
     """Argmax (the first among ties) and ties exactly; block maxima and log-sum-exp to fp32 rounding: of
-    processors.apply's output (the raw logits without processors), over 5 to 64 tiles in up to 25 slices."""
+    processors.apply's output (the raw logits without processors), over 5 to 64 tiles in up to 25 slices; bf16
+    logits (as the lm_head's product comes out) read as such and processed in fp32."""
     logits, inputs, q0, slots, packed, state = batch(V, V, ties=ties)
+    kernel_logits = logits.astype(dtype)
+    logits = kernel_logits.astype(jnp.float32)
     p = processors.Params.unpack(packed)
     ban = processors.bans(inputs, q0, state, slots, p)
     assert (np.asarray(ban.words) >= 0).any() and not np.asarray(ban.keep)[2].any()
     if not process:
         state = ban = None
-    got = jax.jit(greedy_pass.statistics, static_argnums=6)(logits, inputs, state, slots, p, ban, True)
+    got = jax.jit(greedy_pass.statistics, static_argnums=6)(kernel_logits, inputs, state, slots, p, ban, True)
     x = np.asarray(logits if state is None else processors.apply(logits, inputs, q0, state, slots, p))
     top = x.max(-1)
     np.testing.assert_array_equal(got.argmax, x.argmax(-1))

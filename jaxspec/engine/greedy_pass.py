@@ -27,7 +27,10 @@ from jaxspec.engine import processors, sampler
 from jaxspec.engine.processors import BLOCK, ProcessorState
 
 TILE_BLOCKS = 64  # blocks of BLOCK ids a tile holds at most (1,024 ids), a power of two that divides V / BLOCK
-PROGRAMS = 1024  # programs to aim for over rows x slices of the vocabulary (the H200 has 132 SMs)
+# programs to aim for over rows x slices of the vocabulary: short programs, one tile each where the rows allow. On the
+# H200 (SmolLM2, 96 rows x 4 positions) ten slices of five tiles took 76 us, each program a long chain of dependent
+# loads and reductions
+PROGRAMS = 8192
 
 
 class Stats(NamedTuple):
@@ -62,7 +65,8 @@ def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.A
 
 def statistics(logits: jax.Array, inputs: jax.Array, state: ProcessorState | None, slots: jax.Array,
                p: processors.Params, ban: processors.Bans | None, interpret: bool = False) -> Stats:
-    """The statistics of processors.apply(logits, ...) (of the raw logits, state None) at every position."""
+    """The statistics of processors.apply(logits, ...) (of the raw logits, state None) at every position; logits
+    [B, T, V] in any float dtype (bf16 as the lm_head's product comes out: read at half the bytes of fp32)."""
     B, T, V = logits.shape
     NB = V // BLOCK
     tile = next(r for r in (TILE_BLOCKS >> i for i in range(TILE_BLOCKS.bit_length())) if NB % r == 0)
@@ -70,7 +74,7 @@ def statistics(logits: jax.Array, inputs: jax.Array, state: ProcessorState | Non
     per_split = pl.cdiv(chunks, max(1, min(chunks, PROGRAMS // B)))
     splits = pl.cdiv(chunks, per_split)
     lanes = max(2, 1 << (T - 1).bit_length())  # positions padded to a power of two for the stats' stores
-    operands = [logits.astype(jnp.float32).reshape(B * T * NB, BLOCK)]
+    operands = [logits.reshape(B * T * NB, BLOCK)]  # converted to fp32 tile by tile, in the kernel
     if state is not None:
         flags = ban.short.astype(jnp.int32) | (ban.keep.astype(jnp.int32) << 1)
         num_bans = jnp.where(jnp.any(ban.words >= 0, axis=-1), ban.words.shape[-1], 0)
@@ -134,9 +138,10 @@ def _kernel(*refs, T: int, words: int, num_blocks: int, tile: int, chunks: int, 
             rows = pl.ds(slot * num_blocks + first, tile)
             counts, prompt, bias, stop = (r[rows, :] for r in (counts_ref, prompt_ref, bias_ref, stop_ref))
         out = []
+        tiles = [logits_ref[pl.ds((b * T + t) * num_blocks + first, tile), :] for t in range(T)]  # loads first
         for t in range(T):
             at = pl.ds((b * T + t) * num_blocks + first, tile)
-            x = logits_ref[at, :]
+            x = tiles[t].astype(jnp.float32)
             if process:
                 count = counts
                 for i in range(t):  # the drafts before position t are output there

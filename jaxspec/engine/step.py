@@ -189,7 +189,8 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     # 1. verify
     hidden, aux, target_kv = llama.forward(tw, spec.target, tokens, positions, caches.target, batch,
                                            spec.aux_layers)
-    logits = llama.lm_head(tw, hidden)  # [B, k+1, V]
+    product = llama.lm_head(tw, hidden, dtype=None)  # [B, k+1, V] in the weights' dtype
+    logits = product.astype(jnp.float32)
     # 2. accept: emitted tokens sit at positions n .. n+n_acc, which must stay below max_model_len
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
     num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
@@ -197,7 +198,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
         proc = state.proc if spec.processors else None
         kernel = greedy_kernel(spec, logits.shape[-1])
         if kernel is not None:
-            emitted, n_acc, logprobs = greedy_pass.sample(logits, tokens, num_valid, n - 1, proc, slots, sampling,
+            emitted, n_acc, logprobs = greedy_pass.sample(product, tokens, num_valid, n - 1, proc, slots, sampling,
                                                           spec.num_logprobs, interpret=kernel == "pallas-interpret")
         else:
             emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, proc, slots, sampling,

@@ -323,7 +323,9 @@ def forward(w: Weights, cfg: Config, tokens: jax.Array, positions: jax.Array, kv
     return hidden, (jnp.concatenate(aux, axis=-1) if aux else None), kv
 
 
-def lm_head(w: Weights, hidden: jax.Array) -> jax.Array:
-    """Logits in fp32: [..., H] -> [..., V]."""
+def lm_head(w: Weights, hidden: jax.Array, dtype: jnp.dtype | None = jnp.float32) -> jax.Array:
+    """Logits: [..., H] -> [..., V], in fp32, or as the product comes out with dtype None (the weights' dtype: a
+    kernel that reads bf16 logits and converts them itself saves XLA writing an fp32 copy)."""
     head = w.embed.T if w.lm_head is None else w.lm_head
-    return (hidden @ head).astype(jnp.float32)
+    logits = hidden @ head
+    return logits if dtype is None else logits.astype(dtype)
