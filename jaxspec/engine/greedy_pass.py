@@ -2,14 +2,14 @@
 
 XLA runs a greedy batch with processors or logprobs as three passes over [B, T, V]: processing writes the processed
 logits out in fp32, then the block maxima (the argmax, top-N's blocks) and the sum of exponentials with the rank
-read them back. At SmolLM2's 96 rows x 4 verify positions those passes took 0.12-0.14 ms of kernel time a step
-(H100 and H200 profiles, bench/RESULTS.md), where reading the logits and the slots' processor rows once takes
-about 0.03. Here one program per (row, slice of the vocabulary) reads its slice of the row's logits at every
-position, and of its slot's processor rows, once; it processes each tile with processors.process and keeps, per
-position, the running maximum, the first id that holds it (the greedy token), how many ids tie with it, the sum of
-exponentials under it and each block's maximum. The processed logits are never written. A greedy token is its
-position's argmax, so its logprob is max - lse and its rank the number of ties; top-N re-reads only the
-candidates its blocks pick (processors.top_n_of_blocks, processors.processed_at).
+read them back. Here one program per (row, tile of the vocabulary) reads its tile of the row's logits at every
+position (the lm_head's bf16 product) and of its slot's processor rows, once; it processes each tile with
+processors.process and keeps, per position, the maximum, the first id that holds it (the greedy token), how many ids
+tie with it, the sum of exponentials under it and each block's maximum. The processed logits are never written. A
+greedy token is its position's argmax, so its logprob is max - lse and its rank the number of ties; top-N re-reads
+only the candidates its blocks pick (processors.top_n_of_blocks, processors.processed_at). At SmolLM2's 96 rows x
+4 verify positions with logprobs=5 and a presence penalty (H100, kernel sums): 52 us against XLA's 119, the step's
+device time over greedy 0.092 ms instead of 0.144 (bench/results/20261205-greedy-pass/).
 
 processors.sample is the oracle: tests/test_greedy_pass.py runs this kernel in Pallas's interpreter against it.
 """
@@ -28,8 +28,8 @@ from jaxspec.engine.processors import BLOCK, ProcessorState
 
 TILE_BLOCKS = 64  # blocks of BLOCK ids a tile holds at most (1,024 ids), a power of two that divides V / BLOCK
 # programs to aim for over rows x slices of the vocabulary: short programs, one tile each where the rows allow. On the
-# H200 (SmolLM2, 96 rows x 4 positions) ten slices of five tiles took 76 us, each program a long chain of dependent
-# loads and reductions
+# H200 (SmolLM2, 96 rows x 4 positions, fp32 logits) ten slices of five tiles took 76 us, each program a long chain of
+# dependent loads and reductions; one tile a program (and bf16 logits) took 52 us on an H100
 PROGRAMS = 8192
 
 

@@ -62,7 +62,9 @@ class KernelConfig:
     # An all-greedy decode step with logits processors or logprobs runs its pass over the vocabulary as one Pallas
     # kernel (engine/greedy_pass.py): processing, argmax, log-sum-exp, ties and block maxima from one read of the
     # logits and the slots' processor rows, where XLA writes the processed logits out and reads them twice more.
-    # Needs the Pallas attention (a GPU) and one device; processors.sample is the XLA path and the oracle.
+    # Needs the Pallas attention (a GPU) and one device; processors.sample is the XLA path and the oracle. On an H100
+    # (SmolLM2 shapes, 96 rows, k = 3, logprobs=5 and a presence penalty): 52 us against XLA's 119, the step's device
+    # time over greedy 0.092 ms instead of 0.144 (bench/results/20261205-greedy-pass/).
     greedy_pass: bool = True
 
     def __post_init__(self) -> None:
