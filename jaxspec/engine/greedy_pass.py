@@ -138,9 +138,9 @@ def _kernel(*refs, T: int, words: int, num_blocks: int, tile: int, chunks: int, 
             rows = pl.ds(slot * num_blocks + first, tile)
             counts, prompt, bias, stop = (r[rows, :] for r in (counts_ref, prompt_ref, bias_ref, stop_ref))
         out = []
-        tiles = [logits_ref[pl.ds((b * T + t) * num_blocks + first, tile), :] for t in range(T)]  # loads first
-        for t in range(T):
-            at = pl.ds((b * T + t) * num_blocks + first, tile)
+        ats = [pl.ds((b * T + t) * num_blocks + first, tile) for t in range(T)]  # position t's rows of BLOCK ids
+        tiles = [logits_ref[at, :] for at in ats]  # every position's load first
+        for t, at in enumerate(ats):
             x = tiles[t].astype(jnp.float32)
             if process:
                 count = counts
