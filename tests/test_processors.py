@@ -228,6 +228,31 @@ def test_apply_matches_oracle_at_every_position(name):
     assert (~np.isfinite(want)).any() or name not in ("bad_words", "allowed", "min_tokens")  # the bans did happen
 
 
+@pytest.mark.parametrize("name", [n for n in PROCESSORS if n != "bad_words"])
+def test_draft_processing_equals_the_oracle_after_each_draft(name):
+    """processors.process_draft (what the draft head's rollout drafts from) at each of k draft positions, the
+    earlier drafts counted, equals the oracle (bad words aside: drafts skip them), over the target's vocabulary
+    and over a draft vocabulary of some of its ids (EAGLE-3's)."""
+    c = {key: v for key, v in PROCESSORS[name].items() if key != "bad_words"}
+    rng = np.random.default_rng(11)
+    B, k = 32, 3
+    logits = (rng.normal(size=(B, k, V)) * 2).astype(np.float32)
+    drafts = rng.integers(0, V, (B, k)).astype(np.int32)
+    drafts[:8] = [2, 5, 5]  # repeats of a committed token and of a draft
+    state, params = make_rows(c, B), processors.Params.unpack(packed_params(c, np.zeros(B)))
+    ids = jnp.array([0, 2, 3, 5], jnp.int32)
+    process = jax.jit(processors.process_draft)
+    for i in range(k):
+        earlier = [jnp.asarray(drafts[:, m]) for m in range(i)]
+        position = jnp.full((B,), len(PROMPT) + len(OUTPUT) + i)  # the committed output, then i drafts
+        want = np.array([ref_logits(logits[b, i], PROMPT, OUTPUT + drafts[b, :i].tolist(), c) for b in range(B)])
+        for vocab, x, w in ((None, logits[:, i], want), (ids, logits[:, i][:, ids], want[:, ids])):
+            got = np.asarray(process(jnp.asarray(x), vocab, earlier, position, state, jnp.arange(B), params))
+            np.testing.assert_array_equal(np.isfinite(got), np.isfinite(w))
+            finite = np.isfinite(w)
+            np.testing.assert_allclose(got[finite], w[finite], rtol=1e-5, atol=1e-6 * np.abs(w[finite]).max())
+
+
 EMPTYING = {  # allowed tokens that the bans can exhaust (output 3 long: positions 0 and 1 below min_tokens)
     "never_empty": dict(allowed=[1, 4, 5], min_tokens=5, stop_ids=[1], bad_words=[[4], [4], [2]]),
     "empty_while_short": dict(allowed=[1, 4], min_tokens=5, stop_ids=[1], bad_words=[[4], [4], [2, 1]]),

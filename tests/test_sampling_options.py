@@ -250,6 +250,24 @@ def test_spec_greedy_equals_plain_greedy_and_the_oracle_under_every_processor(hf
     assert accepted / (after["num_drafts"] - before["num_drafts"]) > 0.1  # drafts were accepted and verified
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_drafts_are_processed_as_the_target(weights, trained_heads, tokenizer_dir, prompts, method):
+    """logit_bias +100 on one token (in EAGLE-3's draft vocabulary) makes it the target's greedy choice at every
+    position; the head drafts from its logits processed the same way (step._draft_rollout), so every draft is that
+    token and every draft is accepted, from the prefill's drafts on. A head drafting from its raw logits proposes
+    it at few positions."""
+    head = trained_heads[method]
+    vocab = np.arange(TINY.vocab_size) if method == "eagle" else np.arange(len(head.weights.d2t)) + head.weights.d2t
+    token = int(vocab[len(vocab) // 2])
+    spec = {"method": method, "model": str(head.path), "num_speculative_tokens": 3}
+    llm = make_llm(weights, tokenizer_dir, speculative_config=spec)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logit_bias={token: 100.0})
+    outs = llm.generate(prompts[:8], params, use_tqdm=False)
+    assert all(o.outputs[0].token_ids == [token] * MAX_TOKENS for o in outs)
+    m = llm.get_metrics()
+    assert m["num_drafts"] > 0 and m["num_accepted_tokens"] == m["num_draft_tokens"], m
+
+
 def test_processors_through_chunked_prefill_and_preemption(hf, weights, tokenizer_dir, favourites):
     """Prompts prefilled in 16-token chunks (the prompt mask built over several steps) and a pool too small for
     every sequence (preempted sequences are recomputed: their output is counted again from the prefill): still

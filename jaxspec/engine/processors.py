@@ -31,6 +31,10 @@ maxima (the row max, the argmax's block and top-N's blocks come from them), then
 the rank together. On a GPU an all-greedy batch runs all of that as one kernel instead (greedy_pass.py), which
 never writes the processed logits out.
 
+The draft head drafts from its logits processed the same way (process_draft: steps 1 and 2 with the rollout's
+earlier drafts counted; bad words left out): a raw draft misses what a penalty or a bias moved the target to, and
+is rejected there. Which token is drafted never changes the output distribution, only how many drafts are accepted.
+
 Device state per slot (ProcessorState, in step.SlotState; memory (S+1) * V * 10 bytes): output counts and the
 prompt's token mask (set in prefill, counted in every extended commit), the bias row, the min_tokens stop mask
 and their allowed counts (set at admission by `admit`), the bad words, the recent-token ring. None of it goes to
@@ -124,6 +128,28 @@ def count_drafts(count: jax.Array, ids: jax.Array, inputs: jax.Array) -> jax.Arr
         later = (jnp.arange(T) > i).reshape((1, T) + tail)  # positions after draft i
         count = count + ((inputs[:, 1 + i].reshape((-1, 1) + tail) == ids) & later).astype(jnp.int32)
     return count
+
+
+def process_draft(logits: jax.Array, ids: jax.Array | None, drafts: list[jax.Array], position: jax.Array,
+                  state: ProcessorState, slots: jax.Array, p: Params) -> jax.Array:
+    """The draft head's logits [B, Vd] fp32 for the token at `position` [B], processed as the target's are (steps 1
+    and 2; bad words left out), the rollout's earlier drafts (each [B]) counted after the committed output. A raw
+    draft misses what penalties, logit_bias and allowed_token_ids move the target to; drafting the processed
+    argmax keeps acceptance where they apply. Any draft is lossless (the next step verifies it against the
+    processed target): this only makes drafts better guesses. ids: the target ids of the draft vocabulary [Vd]
+    (EAGLE-3), or None (the target's vocabulary)."""
+    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32) if ids is None else ids
+    if ids is None:
+        row = lambda table: table[slots]  # noqa: E731
+    else:
+        row = lambda table: table[slots[:, None], ids[None]]  # noqa: E731
+    count = row(state.counts)
+    for d in drafts:
+        count = count + (d[:, None] == vocab[None]).astype(jnp.int32)
+    short = (position - p.prompt_len < p.min_tokens)[:, None]
+    pb = jax.tree.map(lambda a: a[:, None], p)
+    return process(logits, row(state.bias), row(state.stop_mask), count, row(state.prompt_mask), short,
+                   p.extended[:, None], pb)
 
 
 class Bans(NamedTuple):

@@ -115,12 +115,28 @@ def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array,
 
 
 def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec: StepSpec, h: jax.Array,
-                   start: jax.Array, block_tables: jax.Array, valid: jax.Array) -> tuple[jax.Array, KVCache]:
+                   start: jax.Array, block_tables: jax.Array, valid: jax.Array, slots: jax.Array,
+                   proc: processors.ProcessorState | None, sampling: jax.Array) -> tuple[jax.Array, KVCache]:
     """From the head's output h [B, H] at the last verified pair, greedy-draft k tokens: the first from h, then
-    k-1 single-token passes at positions start, start+1, ... (fixed trip count, unrolled)."""
+    k-1 single-token passes at positions start, start+1, ... (fixed trip count, unrolled). With the processor
+    state proc (committed up to start; None: no row has a processor) each draft is the argmax of the head's
+    processed logits (processors.process_draft)."""
     B = h.shape[0]
-    d = eagle.draft_tokens(dw, spec.draft, tw, h)  # [B]
-    drafts = [d]
+    ids, params = None, None
+    if proc is not None:
+        params = processors.Params.unpack(sampling)
+        if spec.draft.method != "eagle":  # its own, smaller vocabulary
+            ids = eagle.to_target_ids(dw, spec.draft, jnp.arange(spec.draft.draft_vocab_size, dtype=jnp.int32))
+    drafts: list[jax.Array] = []
+
+    def draft(h: jax.Array) -> jax.Array:
+        logits = eagle.draft_logits(dw, spec.draft, tw, h)  # [B, Vd]
+        if proc is not None:
+            logits = processors.process_draft(logits, ids, drafts, start + 1 + len(drafts), proc, slots, params)
+        return eagle.to_target_ids(dw, spec.draft, jnp.argmax(logits, axis=-1))
+
+    d = draft(h)  # [B]
+    drafts.append(d)
     rows = jnp.arange(B)[:, None]
     for i in range(spec.num_speculative_tokens - 1):
         pos = (start + i)[:, None]  # [B, 1]
@@ -128,7 +144,7 @@ def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec
         out, dkv = eagle.forward(dw, spec.draft, tw.embed, d[:, None], h[:, None], pos, dkv, batch,
                                  from_target=False)
         h = out[:, 0]
-        d = eagle.draft_tokens(dw, spec.draft, tw, h)
+        d = draft(h)
         drafts.append(d)
     return jnp.stack(drafts, axis=1), dkv
 
@@ -209,6 +225,12 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     if spec.synthetic_acceptance is not None:
         emitted, n_acc = _synthetic_accept(logits, tokens[:, 1:], num_valid, seeds, n, spec.synthetic_acceptance)
     new_last = jnp.take_along_axis(emitted, n_acc[:, None], axis=1)  # [B, 1]
+    # the processor state counts the emitted tokens before drafting: the drafts are processed after them. Only
+    # processors read the counts (a logprobs request's rows are left as admitted).
+    proc = state.proc
+    if spec.processors:
+        j = jnp.arange(k + 1)
+        proc = processors.count_tokens(proc, slots, emitted, n[:, None] + j, j <= n_acc[:, None])
     # 3. draft: the head reads pair (feature at p, token at p+1) for p = n-1 .. n-1+k; pairs past n_acc are
     # padding whose draft KV the next step overwrites. With k = 0 the head still reads its one pair, so that its KV
     # cache stays complete for later steps that draft.
@@ -220,13 +242,11 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
         out, draft_kv = eagle.forward(dw, spec.draft, tw.embed, pair_tokens, features, positions, draft_kv, batch)
         if k > 0:
             h = jnp.take_along_axis(out, n_acc[:, None, None], axis=1)[:, 0]  # [B, H]
-            drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid)
+            drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid, slots,
+                                              proc if spec.processors else None, sampling)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device
-    proc, out = state.proc, [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
-    if spec.processors:  # only processors read the counts (a logprobs request's rows are left as admitted)
-        j = jnp.arange(k + 1)
-        proc = processors.count_tokens(proc, slots, emitted, n[:, None] + j, j <= n_acc[:, None])
+    out = [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
     if spec.extended:
         out.append(logprobs.reshape(B, -1))
     # the spare row stays one token long: padding rows read their length from it, and a length that grew with
@@ -317,14 +337,18 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         features = eagle.target_features(spec.draft, hidden, aux)
         out, draft_kv = eagle.forward(dw, spec.draft, tw.embed, pair_tokens[None], features, positions[None],
                                       draft_kv, batch)
-        h = out[0, last_index]  # [R, H]
-        drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, first_pos, tables, slots < S)
-        new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
-    commit = is_last & (slots < S)
+    real = slots < S
+    commit = is_last & real
     slots = jnp.where(commit, slots, S)  # rows that do not end their prompt leave the slot state alone
+    if spec.extended:  # the first token is counted before the drafts that follow it are processed
+        proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
+    if k > 0:
+        h = out[0, last_index]  # [R, H]
+        drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, first_pos, tables, real, slots,
+                                          proc if spec.extended else None, sampling)
+        new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
     out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
     if spec.extended:
-        proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
         out = jnp.concatenate([out, logprobs[:, 0]], axis=1)  # [R, 2 + W]
     if spec.prompt_logprobs:  # every flat token's next token under the raw target: [N, V] logits, this variant only
         scores = llama.lm_head(tw, hidden[0]).astype(jnp.float32)
