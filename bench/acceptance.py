@@ -1,5 +1,5 @@
 """Draft heads' mean acceptance length on held-out prompts (greedy), with per-position acceptance, per data set
-and per k.
+and per k; --sampling adds SamplingParams options (penalties, logit_bias, ...: the drafts follow the processed target).
 
     python bench/acceptance.py --model smollm2-135m-instruct \
         --speculative-config '{"method": "eagle3", "model": "weights/eagle3-smollm2-135m-instruct"}' \
@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layer-loop", default="scan", choices=["scan", "unroll", "auto"],
                     help="scan: same results as unroll, compiles in seconds")
     ap.add_argument("--dtype", default="auto", help="target dtype (auto: bfloat16 on a GPU, the stored one elsewhere)")
+    ap.add_argument("--sampling", default="{}", help="JSON: more SamplingParams options, e.g. "
+                    "'{\"repetition_penalty\": 1.2}' (default: plain greedy)")
     ap.add_argument("--time-budget-s", type=float, help="start no new point after this many seconds")
     ap.add_argument("--output-json")
     compile_cache.add_argument(ap)
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     spec = json.loads(args.speculative_config)
     ks, sets = parse_k(args, spec), parse_datasets(args.dataset)
+    extra = json.loads(args.sampling)  # a bad option fails here, before anything loads
+    params = SamplingParams(**{"temperature": 0.0, "max_tokens": args.max_tokens, **extra})
     src = model_source(argparse.Namespace(model=args.model, hf_config=None, load_format="auto", tokenizer=None))
     tokenizer = load_tokenizer(src.tokenizer_dir or src.ckpt)
     prompts = {name: unique(dataset_prompts(path, args.num_prompts, tokenizer)) for name, path in sets.items()}
@@ -99,11 +103,11 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"command": shlex.join(["bench/acceptance.py"] + (sys.argv[1:] if argv is None else argv)),
               "date": time.strftime("%Y-%m-%d"), "model": args.model,
               "speculative_config": {k: v for k, v in spec.items() if k != "num_speculative_tokens"},
-              "max_tokens": args.max_tokens, "temperature": 0.0, "layer_loop": args.layer_loop,
+              "max_tokens": args.max_tokens, "temperature": params.temperature, "sampling": extra,
+              "layer_loop": args.layer_loop,
               "device": f"{jax.devices()[0].platform}:{getattr(jax.devices()[0], 'device_kind', '')}",
               "datasets": {name: {"path": str(path), "num_prompts": len(prompts[name])} for name, path in sets.items()},
               "results": [], "build_s": {}, "errors": [], "skipped": []}
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     for k in ks:
         if args.time_budget_s is not None and time.perf_counter() - start > args.time_budget_s:
             result["skipped"].append({"k": k, "reason": "time budget"})
@@ -158,7 +162,9 @@ def acceptance_table(result: dict) -> str:
     """Mean acceptance length (per-position acceptance) per data set and k, as a Markdown table."""
     ks = sorted({r["k"] for r in result["results"]})
     head = f"{result['speculative_config'].get('method', '')} {result['speculative_config'].get('model', '')}"
-    lines = [f"{head}: mean acceptance length (per-position acceptance), greedy, {result['max_tokens']} tokens",
+    mode = "greedy" if not result.get("temperature") else f"temperature {result['temperature']}"
+    mode += "".join(f", {k} {v}" for k, v in result.get("sampling", {}).items() if k != "temperature")
+    lines = [f"{head}: mean acceptance length (per-position acceptance), {mode}, {result['max_tokens']} tokens",
              "| data set (prompts) | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for name, info in result["datasets"].items():
         cells = {r["k"]: f"**{r['mean_acceptance_length']:.2f}** ("

@@ -60,6 +60,22 @@ def test_tables_per_dataset_and_k(setup, capsys):
     assert table in capsys.readouterr().out
 
 
+def test_sampling_options(setup, capsys):
+    """--sampling reaches the requests: logit_bias +100 on one token makes it every output token, and the head's
+    drafts, processed as the target is, are all accepted; the table names the options."""
+    root, head, files = setup
+    argv = ["--model", str(root / "model"), "--speculative-config", json.dumps({"method": "eagle", "model": str(head)}),
+            "--k", "2", "--num-prompts", "8", "--max-tokens", "24", "--max-num-batched-tokens", "128",
+            "--dataset", f"poems={files['poems']}", "--sampling", '{"logit_bias": {"40": 100}, "ignore_eos": true}']
+    result = acceptance.main(argv)
+    assert result["sampling"] == {"logit_bias": {"40": 100}, "ignore_eos": True} and not result["errors"]
+    r = result["results"][0]
+    assert r["output_tokens"] == 3 * 24 and r["num_accepted_tokens"] == r["num_draft_tokens"] > 0, r
+    assert "greedy, logit_bias {'40': 100}, ignore_eos True, 24 tokens" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="presence_penalty"):
+        acceptance.main(argv[:-1] + ['{"presence_penalty": 5}'])
+
+
 def test_bad_arguments(setup):
     root, head, files = setup
     with pytest.raises(ValueError, match="two data sets named"):
