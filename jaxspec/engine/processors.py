@@ -138,11 +138,11 @@ def process_draft(logits: jax.Array, ids: jax.Array | None, drafts: list[jax.Arr
     argmax keeps acceptance where they apply. Any draft is lossless (the next step verifies it against the
     processed target): this only makes drafts better guesses. ids: the target ids of the draft vocabulary [Vd]
     (EAGLE-3), or None (the target's vocabulary)."""
-    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32) if ids is None else ids
-    if ids is None:
-        row = lambda table: table[slots]  # noqa: E731
+    B, Vd = logits.shape
+    if ids is None:  # whole rows
+        vocab, row = jnp.arange(Vd, dtype=jnp.int32), lambda table: table[slots]
     else:
-        row = lambda table: table[slots[:, None], ids[None]]  # noqa: E731
+        vocab, row = ids, lambda table: slot_values(table, slots, jnp.broadcast_to(ids, (B, Vd)))
     count = row(state.counts)
     for d in drafts:
         count = count + (d[:, None] == vocab[None]).astype(jnp.int32)

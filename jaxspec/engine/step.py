@@ -130,10 +130,10 @@ def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec
     drafts: list[jax.Array] = []
 
     def draft(h: jax.Array) -> jax.Array:
-        logits = eagle.draft_logits(dw, spec.draft, tw, h)  # [B, Vd]
-        if proc is not None:
-            logits = processors.process_draft(logits, ids, drafts, start + 1 + len(drafts), proc, slots, params)
-        return eagle.to_target_ids(dw, spec.draft, jnp.argmax(logits, axis=-1))
+        process = None if proc is None else partial(processors.process_draft, ids=ids, drafts=drafts,
+                                                    position=start + 1 + len(drafts), state=proc, slots=slots,
+                                                    p=params)
+        return eagle.draft_tokens(dw, spec.draft, tw, h, process)  # [B]
 
     d = draft(h)  # [B]
     drafts.append(d)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -245,10 +245,12 @@ def to_target_ids(w: EagleWeights, cfg: EagleConfig, draft_ids: jax.Array) -> ja
     return (draft_ids + w.d2t[draft_ids]).astype(jnp.int32)
 
 
-def draft_tokens(w: EagleWeights, cfg: EagleConfig, target_weights: llama.Weights, out: jax.Array) -> jax.Array:
-    """Greedy drafts [B, T] int32 in the target's vocabulary (EAGLE drafts greedily; see DESIGN "Sampling")."""
-    ids = jnp.argmax(draft_logits(w, cfg, target_weights, out), axis=-1)
-    return to_target_ids(w, cfg, ids)
+def draft_tokens(w: EagleWeights, cfg: EagleConfig, target_weights: llama.Weights, out: jax.Array,
+                 process: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    """Greedy drafts (out [..., H] -> [...] int32) in the target's vocabulary (EAGLE drafts greedily; see DESIGN
+    "Sampling"): the argmax of draft_logits, or of `process` applied to them (the engine's logits processors)."""
+    logits = draft_logits(w, cfg, target_weights, out)
+    return to_target_ids(w, cfg, jnp.argmax(logits if process is None else process(logits), axis=-1))
 
 
 def target_features(cfg: EagleConfig, hidden: jax.Array, aux: jax.Array | None) -> jax.Array:
