@@ -119,3 +119,19 @@ def test_greedy_pass_equals_the_xla_path_on_gpu(V, process):
     from tests.test_greedy_pass import check_sample
 
     check_sample(V, 5, process, interpret=False)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (32, 8, 128)])
+def test_cudnn_dense_attention_matches_xla(heads, kv_heads, head_dim):
+    """The training target pass's cuDNN attention (attn_impl "cudnn") against XLA's dense causal attention."""
+    from jaxspec.models.attention import attention, dense_attention
+
+    rng = np.random.default_rng(0)
+    B, T = 3, 200
+    q = jnp.asarray(rng.standard_normal((B, T, heads, head_dim)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((B, T, kv_heads, head_dim)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((B, T, kv_heads, head_dim)), jnp.bfloat16)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    ref = dense_attention(q, k, v, pos, pos).astype(jnp.float32)
+    out = attention(q, k, v, pos, None, 0, None, "cudnn").astype(jnp.float32)
+    assert_close_scaled(out, ref, 4 * BF16_EPS, axis=None)

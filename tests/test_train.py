@@ -303,3 +303,25 @@ def test_step_budget_follows_a_rate_that_drops(monkeypatch):
     assert why == "schedule" and 90 < now[0] <= 100 and len(ends) > 3 and ends[-1] < ends[0] - 200
     now[0] = 0.0
     assert simulate(5.0)[1:] == (1, "spent")
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_train_step_time_script(tmp_path, method):
+    """bench/train_step_time.py runs the trainer's step on a random target and writes its time, loss and (traced)
+    kernels."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY.to_hf()))
+    out = tmp_path / "t.json"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(root / "bench" / "train_step_time.py"), "--hf-config", str(cfg), "--method",
+                    method, "--ttt-steps", "2", "--draft-vocab-size", "96",
+                    "--aux-layers", ",".join(map(str, tiny_aux_layers(TINY.num_layers))), "--batch-size", "2", "--seq-len", "16",
+                    "--iters", "1", "--target-dtype", "float32", "--compute-dtype", "float32", "--profile-dir",
+                    str(tmp_path / "prof"), "--output-json", str(out)], check=True, capture_output=True, cwd=root)
+    r = json.loads(out.read_text())
+    assert r["step_ms"] > 0 and np.isfinite(r["loss"]) and r["args"]["method"] == method
+    assert r["kernel_sum_ms"] > 0 and r["kernels_ms_per_step"]

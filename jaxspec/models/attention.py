@@ -187,15 +187,19 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, kv: KV
               kernel: KernelConfig = KernelConfig()) -> jax.Array:
     """Attention for queries q [B, T, H, D] at positions q_pos [B, T].
 
-    Without a cache, dense causal attention over this chunk's own k, v. With one, over the cached sequence
-    (which already holds this chunk's K/V). `tp`: the tensor-parallel degree (the kernel path needs it; the XLA
-    path is partitioned by jit from its inputs' shardings).
+    Without a cache, dense causal attention over this chunk's own k, v; impl "cudnn" runs it as cuDNN's fused
+    (flash) attention, for rows whose positions are 0..T-1 (training's target pass: no [T, T] scores in memory).
+    With a cache, over the cached sequence (which already holds this chunk's K/V). `tp`: the tensor-parallel degree
+    (the kernel path needs it; the XLA path is partitioned by jit from its inputs' shardings).
     """
     if kv is None:
+        if impl == "cudnn":
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
         return dense_attention(q, k, v, q_pos, q_pos)
     if impl in ("pallas", "pallas-interpret"):  # the interpreter runs the kernel on CPU, for tests
         return paged_attention_pallas(q, kv, layer, batch, q_pos, interpret=impl == "pallas-interpret", tp=tp,
                                       kernel=kernel)
     if impl == "xla":
         return paged_attention_xla(q, kv, layer, batch, q_pos)
-    raise ValueError(f"unknown attention implementation {impl!r} (expected 'xla', 'pallas' or 'pallas-interpret')")
+    raise ValueError(f"unknown attention implementation {impl!r} over a KV cache (expected 'xla', 'pallas' or "
+                     "'pallas-interpret')")

@@ -41,7 +41,8 @@ class Config:
     max_position_embeddings: int = 2048
     dtype: str = "float32"
     layer_loop: str = "unroll"  # "unroll" (GPU: static indices) or "scan" (CPU: faster compiles)
-    attn_impl: str = "xla"  # "xla" (reference, any backend) or "pallas" (GPU paged kernel)
+    # "xla" (reference, any backend), "pallas" (GPU paged kernel), "cudnn" (GPU, cache-free passes from position 0)
+    attn_impl: str = "xla"
     # Tensor parallelism over this many devices (jaxspec.parallel). > 1 switches wqkv and w_gate_up to the
     # shard-major column layout that `parallel.to_tp_layout` makes; checkpoints always keep tp_size = 1's layout.
     tp_size: int = 1

@@ -119,7 +119,7 @@ def self_prompts(llm, args: argparse.Namespace, num_prompts: int, exclude: list[
 def train_from_args(args: argparse.Namespace) -> Path:
     from jaxspec.convert.checkpoint import load_model
     from jaxspec.resolve import resolve_model
-    from jaxspec.train.trainer import export_head, train_eagle, training_info
+    from jaxspec.train.trainer import export_head, target_config, train_eagle, training_info
 
     compile_cache.configure(args.compilation_cache_dir)  # the training step is cached too
     if args.data_only and not args.dataset_cache:
@@ -133,9 +133,7 @@ def train_from_args(args: argparse.Namespace) -> Path:
     if args.data_only:
         return Path(args.dataset_cache)
     tcfg, tw = load_model(model_path, args.target_dtype)
-    # kv=None: dense attention whatever attn_impl says. Scanned layers: a training step is compute-bound, so the
-    # per-layer weight copy a scan makes is noise, and the step compiles in seconds
-    tcfg = tcfg.replace(attn_impl="xla", layer_loop="scan")
+    tcfg = target_config(tcfg)
     aux = tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers else None
     draft_vocab = min(args.draft_vocab_size, tcfg.vocab_size) if args.method == "eagle3" else None
     hcfg = eagle.EagleConfig.from_target(tcfg, args.method, draft_vocab_size=draft_vocab, aux_layers=aux)

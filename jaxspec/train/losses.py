@@ -145,6 +145,8 @@ def eagle_loss(params: eagle.EagleWeights, frozen: Frozen, tokens: jax.Array, lo
     if lc.noise > 0:  # EAGLE-1's robustness trick: the head never sees exact features when drafting
         features = features + (jax.random.uniform(key, features.shape) - 0.5) * lc.noise
     outs = unroll(w, hcfg, tw.embed, tokens, features, lc.ttt_steps)
+    # EAGLE-1's soft labels, once: step j's are these shifted (a softmax per step was a pass over [B, T, V] each)
+    tprobs = jax.nn.softmax(tlogits, axis=-1) if hcfg.method == "eagle" else None
     mask = loss_mask.astype(jnp.float32)
     total, step_loss, step_acc = 0.0, [], []
     for j, out in enumerate(outs):
@@ -154,8 +156,7 @@ def eagle_loss(params: eagle.EagleWeights, frozen: Frozen, tokens: jax.Array, lo
         logp = jax.nn.log_softmax(logits, axis=-1)
         if hcfg.method == "eagle":
             reg = jnp.mean(smooth_l1(out.astype(jnp.float32) - shift_left(hidden, j + 1).astype(jnp.float32)), axis=-1)
-            probs = jax.nn.softmax(shift_left(tlogits, j + 1), axis=-1)
-            cls = -jnp.sum(probs * logp, axis=-1)
+            cls = -jnp.sum(shift_left(tprobs, j + 1) * logp, axis=-1)
             loss_j = _masked_mean(lc.w_reg * reg + lc.w_cls * cls, m)
         else:
             dlabel = frozen.t2d[label]  # -1 outside the draft vocabulary: no gradient there

@@ -103,6 +103,14 @@ def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return _perm_cache[(n, seed, epoch)]
 
 
+def target_config(tcfg: llama.Config) -> llama.Config:
+    """The frozen target as the train step runs it: scanned layers (a training step is compute-bound, so the
+    per-layer weight copy a scan makes is noise, and the step compiles in seconds) and dense causal attention, as
+    cuDNN's fused kernel on a GPU in bf16/fp16 (XLA's [T, T] fp32 scores were a fifth of a SmolLM2 step)."""
+    fused = jax.default_backend() == "gpu" and tcfg.dtype in ("bfloat16", "float16")
+    return tcfg.replace(attn_impl="cudnn" if fused else "xla", layer_loop="scan")
+
+
 _eagle_init = jax.jit(eagle.init, static_argnums=0)  # eager init compiles one program per leaf
 
 
