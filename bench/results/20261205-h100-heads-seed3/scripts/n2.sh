@@ -1,0 +1,25 @@
+# call B (right after m1.sh): GGUF part 2, assemble, convert; the data (Magpie seed 3 prompts from the target, greedy
+# answers with GSM8K train); the data back as a compact npz in 15 MB parts
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/site .whl/gguf*.whl || exit 1
+export PYTHONPATH=/root/site:.
+mkdir -p weights/.cache/smollm2-135m-instruct /root/data /root/m $OUT
+cat /root/w/gg.00 .gpu/p2/gg.01 > weights/.cache/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
+for f in .gpu/data2/*.xz; do xz -dc $f > /root/data/$(basename $f .xz); done; wc -l /root/data/*
+python3 -m jaxspec fetch 2>&1 | tail -1
+echo "=== [t=$SECONDS] data"
+W=/root/w/work/self100000-seed3
+mkdir -p $W
+timeout $((585 - SECONDS)) python3 -m jaxspec train-eagle --model smollm2-135m-instruct --seq-len 512 --max-tokens 384 \
+  --gen-batch 1024 --seed 3 --dataset-cache $W/mix.npz --data-only --data self:100000 --data /root/data/gsm8k_train.jsonl \
+  --exclude /root/data/gsm8k_test.jsonl --exclude bench/prompts/general_chat.jsonl \
+  --exclude /root/data/held_out_seed0.jsonl --exclude /root/data/held_out_seed1.jsonl \
+  --exclude /root/data/held_out_seed2.jsonl --prompts-out $W/prompts \
+  --prompts-time-budget-s 160 --gen-time-budget-s 250 > /root/w/data.log 2>&1
+echo "rc $? t=$SECONDS"
+grep -v "it/s\]" /root/w/data.log | tail -30
+ls -l $W $W/prompts
+python3 .gpu/pack_data.py $W/mix.npz /root/m/mix-seed3.npz && split -b 15000000 -d -a 1 /root/m/mix-seed3.npz $OUT/mix-seed3.npz.
+cp /root/w/data.log $OUT/ && tar cf - -C $W prompts | xz -T8 > $OUT/prompts-seed3.tar.xz
+ls -l $OUT; echo "done t=$SECONDS"
