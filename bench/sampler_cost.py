@@ -1,6 +1,7 @@
 """Device time of the sampling stages of a verify step, one jitted function per stage: the plain greedy
 rejection sampler against the extended step's (processors + logprobs) stages, and ways to take the top-N logprobs
-(lax.top_k over the vocabulary, processors.top_n, N argmax passes), and on a GPU the one-kernel greedy pass.
+(lax.top_k over the vocabulary, processors.top_n, N argmax passes), on a GPU the one-kernel greedy pass, and sampled
+rows (temperature 0.8) with and without the top-k / top-p filter, which sorts every row's vocabulary.
 
     python bench/sampler_cost.py --batch 96 --k 3 --vocab 49152 --num-logprobs 5,20
 
@@ -107,6 +108,15 @@ def main() -> None:
             stages[f"greedy_pass.sample N={num}"] = median_ms(
                 jax.jit(greedy_pass.sample, static_argnums=7), logits, tokens, num_valid, q0, state, slots, packed,
                 num, **it)
+    # sampled rows (vLLM's quickstart settings): the top-k / top-p filter sorts each row's vocabulary
+    t8, k0, p95 = jnp.full((B,), 0.8, jnp.float32), jnp.zeros((B,), jnp.int32), jnp.full((B,), 0.95, jnp.float32)
+    for name, k_, p_, filtered in (("temperature 0.8", k0, p95, False), ("top_p 0.95", k0, p95, True),
+                                   ("top_k 50, top_p 0.95", jnp.full((B,), 50, jnp.int32), p95, True)):
+        stages[f"filter_probs {name}"] = median_ms(jax.jit(sampler.filter_probs, static_argnums=4),
+                                                   logits, t8, k_, p_, filtered, **it)
+        stages[f"rejection_sample {name}"] = median_ms(
+            jax.jit(lambda l, t, n, s, q, k_=k_, p_=p_, f=filtered: sampler.rejection_sample(
+                l, t[:, 1:], n, t8, k_, p_, s, q, False, f)), logits, tokens, num_valid, seeds, q0, **it)
     stages["rank (sum scores >= token)"] = median_ms(
         jax.jit(lambda x, t: jnp.sum(x >= jnp.take_along_axis(x, jnp.maximum(t, 0)[..., None], -1), -1)),
         scores, emitted, **it)
