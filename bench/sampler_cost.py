@@ -1,7 +1,8 @@
 """Device time of the sampling stages of a verify step, one jitted function per stage: the plain greedy
 rejection sampler against the extended step's (processors + logprobs) stages, and ways to take the top-N logprobs
 (lax.top_k over the vocabulary, processors.top_n, N argmax passes), on a GPU the one-kernel greedy pass, and sampled
-rows (temperature 0.8) with and without the top-k / top-p filter, which sorts every row's vocabulary.
+rows (temperature 0.8) with and without the top-k / top-p filter, which sorts every row's vocabulary, against the
+same filter by a multi-section search on the probabilities' bits (`top_k_top_p_search`, no sort).
 
     python bench/sampler_cost.py --batch 96 --k 3 --vocab 49152 --num-logprobs 5,20
 
@@ -64,6 +65,54 @@ def top_n_argmax(lp: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
     return jnp.stack(vals, -1), jnp.stack(ids, -1)
 
 
+def _first_true(pred, lo: jax.Array, hi: jax.Array, n: int = 16) -> jax.Array:
+    """The smallest b in [lo, hi] (int32 arrays) where pred(b) holds, for pred monotone in b (false, then true) and
+    true at hi: each pass tests n points at once (pred maps [..., n] -> [..., n] bool), narrowing the interval n
+    times; 8 passes of 16 points cover any non-negative int32 range."""
+    j = jnp.arange(n, dtype=jnp.int32)
+    for _ in range(-(-31 // (n.bit_length() - 1))):
+        q, r = (hi - lo) // n, (hi - lo) % n
+        t = lo[..., None] + q[..., None] * j + jnp.minimum(j, r[..., None])  # left ends of n parts of [lo, hi)
+        ok = pred(t)
+        first = jnp.where(ok.any(-1), jnp.argmax(ok, axis=-1), n)  # the answer lies in (t[first - 1], t[first]]
+        ends = jnp.concatenate([t, hi[..., None]], axis=-1)
+        take = lambda i: jnp.take_along_axis(ends, i[..., None], axis=-1)[..., 0]  # noqa: E731
+        lo, hi = jnp.where(first == 0, lo, take(jnp.maximum(first - 1, 0)) + 1), take(first)
+    return hi
+
+
+def top_k_top_p_search(probs: jax.Array, top_k: jax.Array, top_p: jax.Array, n: int = 16) -> jax.Array:
+    """sampler._top_k_top_p without the sort: the top-k and nucleus thresholds found by multi-section search on the
+    probabilities' float bits (ordered as ints, probs >= 0), one pass over the vocabulary per step. The k-th largest
+    value is the smallest v with fewer than k tokens above it; the nucleus threshold the smallest v whose mass
+    above it is under top_p times the top-k mass (the mass before its first sorted entry)."""
+    V = probs.shape[-1]
+    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)  # [B, T, V]
+    top = jnp.max(bits, axis=-1)  # [B, T]
+    zero = jnp.zeros_like(top)
+    k = jnp.broadcast_to(jnp.where((top_k <= 0) | (top_k > V), V, top_k)[:, None], top.shape)
+    above = lambda t: bits[..., :, None] > t[..., None, :]  # noqa: E731  [B, T, V, n]
+    tk = _first_true(lambda t: jnp.sum(above(t), axis=-2) < k[..., None], zero, top, n)
+    tk = jnp.where(k >= V, 0, tk)
+    over = bits > tk[..., None]
+    mass_k = (jnp.sum(jnp.where(over, probs, 0.0), axis=-1)
+              + (k - jnp.sum(over, axis=-1)) * jax.lax.bitcast_convert_type(tk, jnp.float32))
+    p = top_p[:, None] * mass_k  # [B, T]
+    tp = _first_true(lambda t: (jnp.sum(jnp.where(above(t), probs[..., :, None], 0.0), axis=-2) < p[..., None])
+                     | (t >= top[..., None]), zero, top, n)
+    tp = jnp.where((top_p >= 1.0)[:, None], 0, tp)
+    kept = jnp.where(bits >= jnp.maximum(tk, tp)[..., None], probs, 0.0)
+    return kept / jnp.sum(kept, axis=-1, keepdims=True)
+
+
+def filter_probs_search(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """sampler.filter_probs (filtered, no min_p) with top_k_top_p_search in place of the sort."""
+    t = jnp.where(temperature > 0, temperature, 1.0)[:, None, None]
+    probs = top_k_top_p_search(jax.nn.softmax(logits.astype(jnp.float32) / t, axis=-1), top_k, top_p)
+    one_hot = jax.nn.one_hot(sampler.greedy(logits), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where((temperature <= 0)[:, None, None], one_hot, probs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=96)
@@ -114,6 +163,9 @@ def main() -> None:
                                    ("top_k 50, top_p 0.95", jnp.full((B,), 50, jnp.int32), p95, True)):
         stages[f"filter_probs {name}"] = median_ms(jax.jit(sampler.filter_probs, static_argnums=4),
                                                    logits, t8, k_, p_, filtered, **it)
+        if filtered:
+            stages[f"filter_probs {name}, search"] = median_ms(jax.jit(filter_probs_search), logits, t8, k_, p_,
+                                                               **it)
         stages[f"rejection_sample {name}"] = median_ms(
             jax.jit(lambda l, t, n, s, q, k_=k_, p_=p_, f=filtered: sampler.rejection_sample(
                 l, t[:, 1:], n, t8, k_, p_, s, q, False, f)), logits, tokens, num_valid, seeds, q0, **it)

@@ -307,3 +307,30 @@ def test_token_keys():
     want = jax.random.fold_in(jax.random.PRNGKey(2**32 - 1), 7)
     assert (jax.random.key_data(keys[1, 0]) == want).all()
     assert not (jax.random.key_data(keys[0, 1]) == jax.random.key_data(keys[1, 0])).all()
+
+
+def test_threshold_search_keeps_the_sorts_tokens():
+    """bench/sampler_cost.py's sort-free top-k / top-p filter (a candidate for the sampler, timed against the sort)
+    keeps exactly the tokens the sort keeps, ties (bf16-rounded and integer logits) and edge settings included."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "sampler_cost", Path(__file__).resolve().parents[1] / "bench" / "sampler_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    search = jax.jit(bench.filter_probs_search)
+    rng = np.random.default_rng(3)
+    for trial in range(6):
+        B, T, V = 8, 2, int(rng.integers(20, 2000))
+        logits = (rng.normal(size=(B, T, V)) * rng.uniform(0.5, 4)).astype(np.float32)
+        if trial % 3 == 1:
+            logits = np.asarray(jnp.asarray(logits, jnp.bfloat16).astype(jnp.float32))
+        if trial % 3 == 2:
+            logits = np.round(logits)
+        args = (jnp.asarray(logits), jnp.asarray(rng.choice([0.0, 0.5, 1.0, 2.0], B), jnp.float32),
+                jnp.asarray(rng.choice([0, -1, 1, 5, 50, V, V + 3], B), jnp.int32),
+                jnp.asarray(rng.choice([1.0, 0.95, 0.5, 0.0, 0.999], B), jnp.float32))
+        want, got = np.asarray(filter_probs(*args)), np.asarray(search(*args))
+        assert np.array_equal(got > 0, want > 0), f"trial {trial}"
+        assert_close_scaled(got, want, 30 * FP32_EPS, axis=-1)
