@@ -81,34 +81,43 @@ def _first_true(pred, lo: jax.Array, hi: jax.Array, n: int = 16) -> jax.Array:
     return hi
 
 
-def top_k_top_p_search(probs: jax.Array, top_k: jax.Array, top_p: jax.Array, n: int = 16) -> jax.Array:
+def top_k_top_p_search(probs: jax.Array, top_k: jax.Array, top_p: jax.Array, n: int = 16,
+                       vocab_minor: bool = False) -> jax.Array:
     """sampler._top_k_top_p without the sort: the top-k and nucleus thresholds found by multi-section search on the
     probabilities' float bits (ordered as ints, probs >= 0), one pass over the vocabulary per step. The k-th largest
     value is the smallest v with fewer than k tokens above it; the nucleus threshold the smallest v whose mass
-    above it is under top_p times the top-k mass (the mass before its first sorted entry)."""
+    above it is under top_p times the top-k mass (the mass before its first sorted entry). `vocab_minor` lays the
+    n tests of a pass out as [..., n, V] (n row reductions) instead of [..., V, n] (one column reduction)."""
     V = probs.shape[-1]
     bits = jax.lax.bitcast_convert_type(probs, jnp.int32)  # [B, T, V]
     top = jnp.max(bits, axis=-1)  # [B, T]
     zero = jnp.zeros_like(top)
     k = jnp.broadcast_to(jnp.where((top_k <= 0) | (top_k > V), V, top_k)[:, None], top.shape)
-    above = lambda t: bits[..., :, None] > t[..., None, :]  # noqa: E731  [B, T, V, n]
-    tk = _first_true(lambda t: jnp.sum(above(t), axis=-2) < k[..., None], zero, top, n)
+    ax = -1 if vocab_minor else -2  # the vocabulary's axis in the [B, T, V, n] or [B, T, n, V] tests
+
+    def above(t: jax.Array) -> jax.Array:  # t [B, T, n] -> bits above each point
+        return bits[..., None, :] > t[..., :, None] if vocab_minor else bits[..., :, None] > t[..., None, :]
+
+    p_ = probs[..., None, :] if vocab_minor else probs[..., :, None]
+    tk = _first_true(lambda t: jnp.sum(above(t), axis=ax) < k[..., None], zero, top, n)
     tk = jnp.where(k >= V, 0, tk)
     over = bits > tk[..., None]
     mass_k = (jnp.sum(jnp.where(over, probs, 0.0), axis=-1)
               + (k - jnp.sum(over, axis=-1)) * jax.lax.bitcast_convert_type(tk, jnp.float32))
     p = top_p[:, None] * mass_k  # [B, T]
-    tp = _first_true(lambda t: (jnp.sum(jnp.where(above(t), probs[..., :, None], 0.0), axis=-2) < p[..., None])
+    tp = _first_true(lambda t: (jnp.sum(jnp.where(above(t), p_, 0.0), axis=ax) < p[..., None])
                      | (t >= top[..., None]), zero, top, n)
     tp = jnp.where((top_p >= 1.0)[:, None], 0, tp)
     kept = jnp.where(bits >= jnp.maximum(tk, tp)[..., None], probs, 0.0)
     return kept / jnp.sum(kept, axis=-1, keepdims=True)
 
 
-def filter_probs_search(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def filter_probs_search(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+                        vocab_minor: bool = False) -> jax.Array:
     """sampler.filter_probs (filtered, no min_p) with top_k_top_p_search in place of the sort."""
     t = jnp.where(temperature > 0, temperature, 1.0)[:, None, None]
-    probs = top_k_top_p_search(jax.nn.softmax(logits.astype(jnp.float32) / t, axis=-1), top_k, top_p)
+    probs = top_k_top_p_search(jax.nn.softmax(logits.astype(jnp.float32) / t, axis=-1), top_k, top_p,
+                               vocab_minor=vocab_minor)
     one_hot = jax.nn.one_hot(sampler.greedy(logits), logits.shape[-1], dtype=jnp.float32)
     return jnp.where((temperature <= 0)[:, None, None], one_hot, probs)
 
@@ -163,9 +172,9 @@ def main() -> None:
                                    ("top_k 50, top_p 0.95", jnp.full((B,), 50, jnp.int32), p95, True)):
         stages[f"filter_probs {name}"] = median_ms(jax.jit(sampler.filter_probs, static_argnums=4),
                                                    logits, t8, k_, p_, filtered, **it)
-        if filtered:
-            stages[f"filter_probs {name}, search"] = median_ms(jax.jit(filter_probs_search), logits, t8, k_, p_,
-                                                               **it)
+        for minor in (False, True) if filtered else ():
+            stages[f"filter_probs {name}, search{' (vocab minor)' if minor else ''}"] = median_ms(
+                jax.jit(filter_probs_search, static_argnums=4), logits, t8, k_, p_, minor, **it)
         stages[f"rejection_sample {name}"] = median_ms(
             jax.jit(lambda l, t, n, s, q, k_=k_, p_=p_, f=filtered: sampler.rejection_sample(
                 l, t[:, 1:], n, t8, k_, p_, s, q, False, f)), logits, tokens, num_valid, seeds, q0, **it)

@@ -319,7 +319,7 @@ def test_threshold_search_keeps_the_sorts_tokens():
         "sampler_cost", Path(__file__).resolve().parents[1] / "bench" / "sampler_cost.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    search = jax.jit(bench.filter_probs_search)
+    search = jax.jit(bench.filter_probs_search, static_argnums=4)
     rng = np.random.default_rng(3)
     for trial in range(6):
         B, T, V = 8, 2, int(rng.integers(20, 2000))
@@ -331,6 +331,7 @@ def test_threshold_search_keeps_the_sorts_tokens():
         args = (jnp.asarray(logits), jnp.asarray(rng.choice([0.0, 0.5, 1.0, 2.0], B), jnp.float32),
                 jnp.asarray(rng.choice([0, -1, 1, 5, 50, V, V + 3], B), jnp.int32),
                 jnp.asarray(rng.choice([1.0, 0.95, 0.5, 0.0, 0.999], B), jnp.float32))
-        want, got = np.asarray(filter_probs(*args)), np.asarray(search(*args))
+        want = np.asarray(filter_probs(*args))
+        got = np.asarray(search(*args, trial % 2 == 1))  # both layouts of a pass's tests
         assert np.array_equal(got > 0, want > 0), f"trial {trial}"
         assert_close_scaled(got, want, 30 * FP32_EPS, axis=-1)
