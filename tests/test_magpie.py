@@ -218,6 +218,13 @@ def test_train_eagle_on_self_prompts_and_a_file(tiny_model, tmp_path):
     # the prompt files are reused (same seed and N), a different N is refused
     main(args + ["--data-only", "--dataset-cache", str(tmp_path / "again.npz")])
     np.testing.assert_array_equal(TokenDataset.load(tmp_path / "again.npz").tokens, data.tokens)
+    # drafting with the head just trained while answering is lossless: the same greedy rows
+    spec = {"method": "eagle", "model": str(out), "num_speculative_tokens": 2}
+    main(args + ["--data-only", "--dataset-cache", str(tmp_path / "spec.npz"), "--gen-speculative-config",
+                 json.dumps(spec)])
+    drafted = TokenDataset.load(tmp_path / "spec.npz")
+    np.testing.assert_array_equal(drafted.tokens, data.tokens)
+    assert drafted.meta["gen_speculative_config"] == spec and data.meta["gen_speculative_config"] is None
     with pytest.raises(ValueError, match=r"\(seed, N\)"):  # --debug: the error itself, not the CLI's one line
         main(["--debug"] + [a if a != "self:6" else "self:7" for a in args] + ["--data-only", "--dataset-cache",
                                                                                str(tmp_path / "third.npz")])

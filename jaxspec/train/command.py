@@ -46,12 +46,13 @@ def build_dataset(args: argparse.Namespace, model_path: Path) -> TokenDataset:
     if num_self and not args.prompts_out:
         raise ValueError("--data self:N needs --prompts-out (where its prompts and their held-out split go)")
     llm = generation_llm(model_path, max_model_len=args.seq_len + 1, max_num_seqs=args.gen_batch, seed=args.seed,
-                         dtype=args.target_dtype)
+                         dtype=args.target_dtype, speculative_config=args.gen_speculative_config)
     if llm.tokenizer is None:
         raise ValueError(f"{model_path}: no tokenizer, so prompts cannot be formatted with a chat template")
     sources = [(str(path), prompts) for path, prompts in zip(files, read_each(files, args.num_prompts))]
     meta = {"model": str(args.model), "sources": list(args.data), "target_dtype": args.target_dtype,
-            "eos_token_ids": sorted(eos_token_ids(llm.tokenizer, model_path))}
+            "eos_token_ids": sorted(eos_token_ids(llm.tokenizer, model_path)),
+            "gen_speculative_config": args.gen_speculative_config}
     if num_self:
         # the self prompts never overlap the other training sources or --exclude: the held-out split stays unseen
         pset = self_prompts(llm, args, num_self, files + list(args.exclude))

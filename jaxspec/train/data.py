@@ -97,17 +97,20 @@ def mix_prompts(sources: list[tuple[str, list[str]]], seed: int,
 # ---------------------------------------------------------------- generating with the engine
 
 def generation_llm(model: str | Path, max_model_len: int, max_num_seqs: int, seed: int = 0,
-                   dtype: str = "bfloat16") -> Any:
+                   dtype: str = "bfloat16", speculative_config: dict | None = None) -> Any:
     """A jaxspec `LLM` for one-off bulk generation: scanned layers (seconds to compile), one decode and one prefill
     bucket, each program compiled on first use. A small target's step is launch-bound, so padding a batch's tail to
     the full bucket costs about what the full batch does, and less than compiling more buckets would. A prefill
-    step carries up to 4,096 tokens (16 per slot for small batches: CPU tests)."""
+    step carries up to 4,096 tokens (16 per slot for small batches: CPU tests). `speculative_config` (vLLM's
+    dict, e.g. an earlier head of the target) drafts while generating: lossless, so the data is the target's
+    own either way, only made in fewer steps."""
     from jaxspec.llm import LLM
 
     prefill = min(4096, 16 * max_num_seqs)
     return LLM(str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
                layer_loop="scan", max_num_batched_tokens=prefill, max_prefill_seqs=min(32, max_num_seqs),
-               prefill_buckets=[prefill], decode_buckets=[max_num_seqs], warmup=False)
+               prefill_buckets=[prefill], decode_buckets=[max_num_seqs], warmup=False,
+               speculative_config=speculative_config)
 
 
 # Prompts per chunk of a time-budgeted generation, in engine batches: a chunk's tail (its last sequences finishing
