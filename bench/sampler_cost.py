@@ -114,12 +114,10 @@ def top_k_top_p_search(probs: jax.Array, top_k: jax.Array, top_p: jax.Array, n: 
 
 def filter_probs_search(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
                         vocab_minor: bool = False) -> jax.Array:
-    """sampler.filter_probs (filtered, no min_p) with top_k_top_p_search in place of the sort."""
-    t = jnp.where(temperature > 0, temperature, 1.0)[:, None, None]
-    probs = top_k_top_p_search(jax.nn.softmax(logits.astype(jnp.float32) / t, axis=-1), top_k, top_p,
-                               vocab_minor=vocab_minor)
-    one_hot = jax.nn.one_hot(sampler.greedy(logits), logits.shape[-1], dtype=jnp.float32)
-    return jnp.where((temperature <= 0)[:, None, None], one_hot, probs)
+    """sampler.filter_probs (filtered, no min_p) with top_k_top_p_search in place of the sort: the unfiltered
+    distribution, then the search (a greedy row's one-hot keeps its one token)."""
+    probs = sampler.filter_probs(logits, temperature, top_k, top_p, False)
+    return top_k_top_p_search(probs, top_k, top_p, vocab_minor=vocab_minor)
 
 
 def main() -> None:

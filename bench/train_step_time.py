@@ -11,7 +11,6 @@ reads) and, with --profile-dir, device time per kernel over the traced steps, mo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -26,8 +25,8 @@ import numpy as np  # noqa: E402
 from jaxspec.bench.data import load_hf_config  # noqa: E402
 from jaxspec.models import eagle, llama  # noqa: E402
 from jaxspec.train.losses import Frozen, LossConfig  # noqa: E402
-from jaxspec.train.trainer import (OptConfig, TrainState, init_head, make_optimizer, target_config,  # noqa: E402
-                                    train_step)  # noqa: E402
+from jaxspec.train.trainer import (OptConfig, init_head, initial_state, target_config,  # noqa: E402
+                                    train_step)
 
 
 def setup(args: argparse.Namespace):
@@ -47,10 +46,9 @@ def setup(args: argparse.Namespace):
     frozen = Frozen(target=tw, d2t=None if d2t is None else jnp.asarray(d2t),
                     t2d=None if t2d is None else jnp.asarray(t2d))
     w = init_head(hcfg, tw, 0, d2t)
-    params = jax.tree.map(lambda a: jnp.array(a, jnp.float32), dataclasses.replace(w, d2t=None))
     lc = LossConfig(ttt_steps=args.ttt_steps, noise=0.0 if e3 else 0.2, compute_dtype=args.compute_dtype)
     oc = OptConfig(lr=3e-4)
-    state = TrainState(params, make_optimizer(oc).init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(0))
+    state = initial_state(w, oc, 0)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, tcfg.vocab_size, (args.batch_size, args.seq_len), dtype=np.int32)
     mask = np.ones((args.batch_size, args.seq_len), np.int32)

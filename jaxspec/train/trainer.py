@@ -111,6 +111,13 @@ def target_config(tcfg: llama.Config) -> llama.Config:
     return tcfg.replace(attn_impl="cudnn" if fused else "xla", layer_loop="scan")
 
 
+def initial_state(w: eagle.EagleWeights, oc: OptConfig, seed: int) -> TrainState:
+    """Step 0's state for head weights `w`: fresh fp32 buffers (the step donates them, which must not invalidate the
+    caller's or the target's arrays; d2t stays out, in `Frozen`), a fresh optimizer, the noise key of `seed`."""
+    params = jax.tree.map(lambda a: jnp.array(a, jnp.float32, copy=True), dataclasses.replace(w, d2t=None))
+    return TrainState(params, make_optimizer(oc).init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
+
+
 _eagle_init = jax.jit(eagle.init, static_argnums=0)  # eager init compiles one program per leaf
 
 
@@ -244,10 +251,7 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     if warm_from is not None:
         init_cfg, init, source = warm_from
         w = warm_start(w, hcfg, init, init_cfg, source)
-    # fresh fp32 buffers: the step donates them, which must not invalidate the caller's (or the target's) arrays
-    params = jax.tree.map(lambda a: jnp.array(a, jnp.float32, copy=True), dataclasses.replace(w, d2t=None))
-    state = TrainState(params, make_optimizer(oc).init(params), jnp.zeros((), jnp.int32),
-                       jax.random.PRNGKey(seed))
+    state = initial_state(w, oc, seed)
     history: list[dict] = []
     run = {"method": hcfg.method, "steps": steps, "batch_size": batch_size, "seq_len": dataset.seq_len,
            "num_rows": len(dataset), "seed": seed, "lr": lr, "ttt_steps": lc.ttt_steps,
