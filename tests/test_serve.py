@@ -30,7 +30,8 @@ from jaxspec import SamplingParams
 from jaxspec.bench import serve as bench_serve
 from jaxspec.serve.app import build_app
 from jaxspec.serve.engine_process import EngineProcess
-from tests.tiny import make_llm, tiny_weights, write_char_tokenizer
+from tests.numerics import FP32_EPS, assert_close_scaled
+from tests.tiny import TINY, logprobs_reference, make_llm, tiny_weights, write_char_tokenizer
 
 API_KEY = "test-key"
 MODEL = "tiny-chat"
@@ -316,7 +317,7 @@ BAD_REQUESTS = [  # (path, body, status, param)
     ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "many"}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, 400, None),  # a token id outside the vocabulary
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b"}, 400, "suffix"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, 400, "use_beam_search"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [
@@ -629,6 +630,111 @@ def test_bench_serve_jsonl_chat_compare(served, tmp_path):
     assert first["generated_texts"][0] == first["generated_texts"][3]  # the file is cycled
 
 
+# ---- echo: scoring a text as lm-eval and OpenAI's clients do
+
+SCORED = "helloWorldαβ"
+
+
+def completion_logprobs(served, body: dict, stream: bool) -> tuple[str, dict, dict]:
+    """(text, logprobs, the last choice or chunk) of one completion; streamed chunks joined into one."""
+    body = {"model": MODEL, "temperature": 0, **body}
+    if not stream:
+        choice = post(served, "/v1/completions", body).json()["choices"][0]
+        return choice["text"], choice["logprobs"], choice
+    with httpx.stream("POST", served.url + "/v1/completions", json=body | {"stream": True}, timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    choices = [e["choices"][0] for e in events]
+    joined = {key: [v for c in choices if c["logprobs"] for v in c["logprobs"][key]]
+              for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    return "".join(c["text"] for c in choices), joined, choices[-1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_scores_the_prompt_as_lm_eval_does(served, stream):
+    """lm-eval's loglikelihood request (token ids, echo, max_tokens 1, logprobs 1): the prompt's tokens come back
+    with their logprobs (the first None), equal to a full-sequence forward of the model, each position's top
+    alternatives holding the greedy one, then the generated token; offsets run through the whole text."""
+    tok = served.llm.get_tokenizer()
+    ids = tok.encode(SCORED)
+    text, lp, last = completion_logprobs(served, {"prompt": ids, "max_tokens": 1, "logprobs": 1, "echo": True},
+                                         stream)
+    want = logprobs_reference(tiny_weights(), TINY, ids)
+    generated = tok.decode([int(np.argmax(want[-1]))])
+    assert text == SCORED + generated and last["finish_reason"] == "length"
+    assert lp["tokens"] == list(SCORED) + [generated]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    got = np.array(lp["token_logprobs"][1:])
+    # fp32 logits over a 128-token vocabulary: a few dozen roundings in the engine's paged attention and sums
+    assert_close_scaled(got, np.append(want[np.arange(len(ids) - 1), ids[1:]], want[-1].max()), 64 * FP32_EPS,
+                        axis=None)
+    for t, top in enumerate(lp["top_logprobs"][1:]):  # the token itself and the top 1 (the greedy check's input)
+        assert tok.decode([int(np.argmax(want[t]))]) in top and len(top) <= 2
+        assert max(top.values()) == pytest.approx(want[t].max(), abs=64 * FP32_EPS * np.abs(want[t]).max())
+    assert lp["text_offset"] == list(range(len(SCORED) + 1))  # one character per token
+    if not stream:  # vLLM's prompt_logprobs field beside them
+        prompt_logprobs = last["prompt_logprobs"]
+        assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(ids)
+        assert [next(iter(d.values()))["decoded_token"] for d in prompt_logprobs[1:]] == list(SCORED[1:])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_is_the_prompt_alone(served, stream):
+    text, lp, last = completion_logprobs(served, {"prompt": SCORED, "max_tokens": 0, "logprobs": 0, "echo": True},
+                                         stream)
+    assert text == SCORED and lp["tokens"] == list(SCORED) and last["finish_reason"] == "length"
+    assert lp["token_logprobs"][0] is None and all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert all(len(top) == 1 for top in lp["top_logprobs"][1:])  # logprobs 0: the token itself only
+    r = post(served, "/v1/completions", {"model": MODEL, "prompt": SCORED, "max_tokens": 0, "echo": True})
+    assert r.json()["choices"][0]["text"] == SCORED and r.json()["choices"][0]["logprobs"] is None
+
+
+def completion_texts(served, body: dict) -> dict[int, str]:
+    """Each choice's whole text, streamed (chunks joined by index) or not."""
+    if not body.get("stream"):
+        return {c["index"]: c["text"] for c in post(served, "/v1/completions", body).json()["choices"]}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+    return {i: "".join(c["text"] for c in chunks if c["index"] == i) for i in sorted({c["index"] for c in chunks})}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_before_a_generated_answer(served, stream):
+    """Two text prompts: each choice is its prompt and then exactly what generate gives; with n = 2 (seeded) every
+    choice starts with its own prompt once."""
+    body = {"model": MODEL, "prompt": PROMPTS[:2], "max_tokens": MAX_TOKENS, "temperature": 0, "echo": True,
+            "ignore_eos": True, "stream": stream}
+    assert completion_texts(served, body) == {i: p + served.reference[p] for i, p in enumerate(PROMPTS[:2])}
+    texts = completion_texts(served, body | {"temperature": 1, "seed": 3, "n": 2})
+    assert sorted(texts) == [0, 1, 2, 3]
+    for i, text in texts.items():
+        assert text.startswith(PROMPTS[i // 2]) and len(text) == len(PROMPTS[i // 2]) + MAX_TOKENS
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_repeats_the_continued_message(served, stream):
+    """vLLM's chat echo: an answer that continues the last message (here the assistant's, continue_final_message)
+    starts with that message's text; after a generation prompt there is nothing to repeat."""
+    body = {"model": MODEL, "messages": CONTINUED, "max_tokens": MAX_TOKENS, "temperature": 0, "echo": True,
+            "ignore_eos": True, "add_generation_prompt": False, "continue_final_message": True}
+    want = CONTINUED[-1]["content"] + served.options_reference[1].outputs[0].text
+    plain = {"model": MODEL, "messages": CHATS[0], "max_tokens": MAX_TOKENS, "temperature": 0, "echo": True,
+             "ignore_eos": True}
+    if stream:
+        for request, expected in ((body, want), (plain, served.chat_reference[0])):
+            standard = {k: request[k] for k in ("model", "messages", "max_tokens", "temperature")}
+            extra = {k: v for k, v in request.items() if k not in standard}  # vLLM's fields
+            chunks = list(served.client.chat.completions.create(stream=True, extra_body=extra, **standard))
+            assert chunks[0].choices[0].delta.role == "assistant"
+            assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    else:
+        r = post(served, "/v1/chat/completions", body).json()
+        assert r["choices"][0]["message"] == {"role": "assistant", "content": want}
+        r = post(served, "/v1/chat/completions", plain).json()
+        assert r["choices"][0]["message"]["content"] == served.chat_reference[0]
+
+
 # ---- pieces
 
 def test_logprobs_render_in_openai_formats(served):
@@ -647,8 +753,9 @@ def test_logprobs_render_in_openai_formats(served):
     inputs, tok = EngineInputs([("r", {}, None)], [2]), served.llm.get_tokenizer()
     fmt = CompletionFormat("cmpl-1", MODEL, api.CompletionRequest(prompt="ab", logprobs=1), inputs, tok)
     fmt.add([out])
-    assert fmt.response()["choices"][0]["logprobs"] == {
-        "tokens": ["f", "c"], "token_logprobs": [-0.1, -1.5], "top_logprobs": [{"f": -0.1}, {"j": -0.4}],
+    assert fmt.response()["choices"][0]["logprobs"] == {  # OpenAI's (and vLLM's): the token itself and the top 1
+        "tokens": ["f", "c"], "token_logprobs": [-0.1, -1.5], "top_logprobs": [{"f": -0.1, "h": -2.5},
+                                                                                {"c": -1.5, "j": -0.4}],
         "text_offset": [0, 1]}
     streamed = CompletionFormat("cmpl-2", MODEL, api.CompletionRequest(prompt="ab", logprobs=1, stream=True), inputs,
                                 tok)
@@ -693,7 +800,7 @@ def test_stream_chunks_are_the_schemas_json(stream_options):
             reason, stop = ends[(step + index) % len(ends)]
             out = RequestOutput("r", None, [0, 1, 2], outputs=[CompletionOutput(index, text, [5], None, None, reason,
                                                                                 stop)])
-            first = index not in chat.started
+            first = index not in chat.choices
             got = chat.chunks([out])
             want = [envelope(chat, api.ChatCompletionChunk, [api.ChatStreamChoice(
                 index=index, delta=api.DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None)])

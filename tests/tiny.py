@@ -146,6 +146,16 @@ def greedy_reference(w: llama.Weights, cfg: llama.Config, prompt: list[int], n: 
     return ids[len(prompt):]
 
 
+def logprobs_reference(w: llama.Weights, cfg: llama.Config, ids: list[int], width: int = 128) -> np.ndarray:
+    """The oracle of prompt logprobs: the log-softmax of one full-sequence forward (dense causal attention, no
+    cache, no engine), [len(ids), V] in fp64; row t is the distribution of the token after ids[t]."""
+    padded = np.zeros((1, width), np.int32)
+    padded[0, :len(ids)] = ids
+    logits = np.asarray(_logits_all(w, cfg, padded), np.float64)[0, :len(ids)]
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
 @jax.jit
 def _logits_all(w, cfg, ids):
     hidden, _, _ = llama.forward(w, cfg, ids, np.arange(ids.shape[1])[None])

@@ -3,7 +3,7 @@
 Sampling fields are mapped to `SamplingParams` by name (`sampling_values`): a field the request sets to anything
 but its default is passed on when `SamplingParams` has a field of that name, and rejected with a 400 naming it
 when it has not, so a sampling option starts working here the day `SamplingParams` learns it. Fields of
-features this server does not implement at all (`UNSUPPORTED`: echo, tools, ...) are rejected the same way.
+features this server does not implement at all (`UNSUPPORTED`: tools, suffix, ...) are rejected the same way.
 Fields the API does not know are ignored with a warning, as vLLM does.
 """
 
@@ -111,7 +111,22 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
 
     SAMPLING: ClassVar[tuple[str, ...]] = SamplingRequest.SAMPLING + ("logprobs",)
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + ("echo", "suffix")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + ("suffix",)
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the answer is the prompt alone (OpenAI's way to score a text; the engine still
+        samples one token, as vLLM's does, and the usage counts it)."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    def engine_max_tokens(self) -> int | None:
+        return 1 if self.echo_only else self.max_tokens
+
+    def sampling_values(self) -> dict[str, Any]:
+        values = super().sampling_values()
+        if self.echo and "prompt_logprobs" not in values and "logprobs" in values:
+            values["prompt_logprobs"] = values["logprobs"]  # vLLM: echoed prompt tokens get the same logprobs
+        return values
 
     def prompts(self) -> list[str | list[int]]:
         """One text or token-id list per prompt (the API's batch forms are lists of either)."""
@@ -152,8 +167,20 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template: str | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
-        "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls", "echo",
+        "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
         "chat_template")
+
+    def response_role(self) -> str:
+        """The answer's role, as vLLM's: the assistant's after a generation prompt, else the last message's (the
+        model continues it)."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    def echoed_text(self) -> str:
+        """With `echo`, what each answer starts with (vLLM's): the last message's text when the answer continues
+        its role, else nothing."""
+        if not self.echo or not self.messages or self.messages[-1].role != self.response_role():
+            return ""
+        return self.conversation()[-1]["content"]
 
     def sampling_values(self) -> dict[str, Any]:
         values = super().sampling_values()
@@ -195,12 +222,23 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob as its responses write it (prompt_logprobs: per prompt token {token id: this}, None first)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -246,6 +284,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 # Stream chunks: serving.py writes their JSON as text, with no model per chunk (the event loop writes 64 a step);

@@ -4,11 +4,16 @@ Prompts are tokenized here, on the HTTP side, so the engine spends no time on th
 engine would (`tokenizer.encode`), a conversation through the model's chat template (`jaxspec.chat`). The engine
 streams DELTA outputs for every request (the latency metrics need each step's tokens); a non-streaming response
 is their concatenation. Choice indices follow vLLM: prompt_index * n + sample index.
+
+`echo` is vLLM's: a completion starts with its prompt (text, and with `logprobs` the prompt tokens' logprobs,
+the first token's None), or is the prompt alone when max_tokens is 0 (how lm-eval and OpenAI's clients score a
+text); a chat answer starts with the last message's text when it continues that message's role.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import time
@@ -71,29 +76,37 @@ def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: 
 
 @dataclass
 class EngineInputs:
-    """What one HTTP request hands the engine: (request_id, prompt, params) per prompt."""
+    """What one HTTP request hands the engine: (request_id, prompt, params) per prompt; the texts of the prompts
+    that came as text (None for token ids), which `echo` repeats."""
     requests: list[tuple[str, dict, SamplingParams]]
     prompt_lens: list[int]
+    prompt_texts: list[str | None] = field(default_factory=list)
 
 
-def _inputs(request_id: str, prompt_ids: list[list[int]], params: SamplingParams) -> EngineInputs:
+def _inputs(request_id: str, prompt_ids: list[list[int]], params: SamplingParams,
+            texts: list[str | None] | None = None) -> EngineInputs:
     ids = [request_id] if len(prompt_ids) == 1 else [f"{request_id}-{i}" for i in range(len(prompt_ids))]
     # the engine keeps the last truncate_prompt_tokens tokens (-1: the last max_model_len, which changes only a
     # prompt too long to be served at all)
     keep = params.truncate_prompt_tokens if (params.truncate_prompt_tokens or 0) > 0 else None
-    return EngineInputs([(rid, {"prompt_token_ids": p}, params) for rid, p in zip(ids, prompt_ids)],
-                        [len(p) if keep is None else min(len(p), keep) for p in prompt_ids])
+    lens = [len(p) if keep is None else min(len(p), keep) for p in prompt_ids]
+    texts = texts or [None] * len(prompt_ids)
+    return EngineInputs([(rid, {"prompt_token_ids": p}, params) for rid, p in zip(ids, prompt_ids)], lens,
+                        [t if n == len(p) else None for t, n, p in zip(texts, lens, prompt_ids)])
 
 
 def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any,
                       defaults: dict[str, Any]) -> EngineInputs:
-    params = sampling_params(req, req.max_tokens, defaults)
+    params = sampling_params(req, req.engine_max_tokens(), defaults)
     prompts = req.prompts()
     if not prompts:
         raise APIError("prompt must not be an empty list", param="prompt")
     if any(isinstance(p, str) for p in prompts) and tokenizer is None:
         raise APIError("text prompts need a tokenizer and this model has none: send token ids", param="prompt")
-    return _inputs(request_id, [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts], params)
+    if req.echo and tokenizer is None:
+        raise APIError("echo needs a tokenizer to write the prompt's text and this model has none", param="echo")
+    return _inputs(request_id, [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts], params,
+                   [p if isinstance(p, str) else None for p in prompts])
 
 
 def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
@@ -136,6 +149,8 @@ def _js(value: str | int | None) -> str:
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
+    text_len: int = 0  # characters streamed so far (the next chunk's logprob text_offset)
+    started: bool = False  # its first chunk has gone out (with the role, or the echoed prompt)
     num_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -150,6 +165,9 @@ class _Format:
     def __init__(self, request_id: str, model: str, req: api.SamplingRequest, inputs: EngineInputs, tokenizer):
         self.request_id, self.model, self.req, self.tokenizer = request_id, model, req, tokenizer
         self.prompt_index = {rid: i for i, (rid, _, _) in enumerate(inputs.requests)}
+        self.prompt_texts = inputs.prompt_texts
+        # per prompt, from its first output: (the engine's prompt token ids, its prompt logprobs or None)
+        self.prompts: dict[int, tuple[list[int], list | None]] = {}
         self.prompt_tokens = sum(inputs.prompt_lens)
         self.created = int(time.time())
         self.choices: dict[int, _Choice] = {}
@@ -163,7 +181,10 @@ class _Format:
     def _updates(self, batch: list):
         """(choice index, CompletionOutput delta, its _Choice) for each completion in a batch of outputs."""
         for out in batch:
-            base = self.prompt_index[out.request_id] * self.req.n
+            prompt = self.prompt_index[out.request_id]
+            if prompt not in self.prompts or out.prompt_logprobs is not None:
+                self.prompts[prompt] = (out.prompt_token_ids, out.prompt_logprobs)
+            base = prompt * self.req.n
             for comp in out.outputs:
                 choice = self.choices.setdefault(base + comp.index, _Choice())
                 choice.num_tokens += len(comp.token_ids)
@@ -185,8 +206,8 @@ class _Format:
     def chunks(self, batch: list) -> list[str]:
         """The stream events (JSON) for a batch of outputs; deltas with no text and no finish are skipped."""
         events = []
-        for index, comp, _ in self._updates(batch):
-            events.extend(self._chunks(index, comp))
+        for index, comp, choice in self._updates(batch):
+            events.extend(self._chunks(index, comp, choice))
         return events
 
     def usage_chunk(self) -> str | None:
@@ -212,33 +233,79 @@ class _Format:
         best = sorted(step.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 0)[:num]
         return [(self._token_text(t, lp), max(lp.logprob, -9999.0)) for t, lp in best]
 
+    def _prompt_logprobs(self, prompt: int) -> list | None:
+        """A prompt's logprobs as vLLM's responses carry them (-inf written as -9999, OpenAI's floor)."""
+        logprobs = self.prompts.get(prompt, (None, None))[1]
+        if logprobs is None:
+            return None
+        return [None if d is None else {t: api.PromptLogprob(logprob=max(lp.logprob, -9999.0), rank=lp.rank,
+                                                             decoded_token=self._token_text(t, lp))
+                                        for t, lp in d.items()} for d in logprobs]
+
 
 class CompletionFormat(_Format):
     chunk_object = "text_completion"
 
     def _logprobs(self, token_ids: list[int], steps: list, offset: int) -> api.CompletionLogprobs:
+        """OpenAI's completion logprobs: per token its text, logprob, the top `logprobs` alternatives and the
+        token itself (up to logprobs + 1 entries, as OpenAI and vLLM give), and its offset in the text. A
+        position without logprobs (an echoed prompt's first token) has None for both."""
         out = api.CompletionLogprobs()
         for t, step in zip(token_ids, steps):
-            text = self._token_text(t, step[t])
+            if step is None:
+                text, own, tops = self.tokenizer.decode([t]), None, None
+            else:
+                text, own = self._token_text(t, step[t]), max(step[t].logprob, -9999.0)
+                tops = {self._token_text(u, lp): max(lp.logprob, -9999.0)
+                        for u, lp in itertools.islice(step.items(), (self.req.logprobs or 0) + 1)}
             out.tokens.append(text)
-            out.token_logprobs.append(max(step[t].logprob, -9999.0))
-            out.top_logprobs.append(dict(self._tops(step, self.req.logprobs or 0)))
+            out.token_logprobs.append(own)
+            out.top_logprobs.append(tops)
             out.text_offset.append(offset)
             offset += len(text)
         return out
 
-    def _chunks(self, index: int, comp) -> list[str]:
-        if not (comp.text or comp.finish_reason or comp.logprobs):
+    def _echo(self, index: int) -> tuple[str, list[int], list]:
+        """The prompt of choice `index` as its answer repeats it: text, token ids, logprobs per token."""
+        prompt = index // self.req.n
+        ids, logprobs = self.prompts[prompt]
+        text = self.prompt_texts[prompt] if prompt < len(self.prompt_texts) else None
+        return (self.tokenizer.decode(ids) if text is None else text), list(ids), list(logprobs or [])
+
+    def _answer(self, index: int, text: str, token_ids: list[int], logprobs: list) -> tuple[str, list, list]:
+        """A choice's text, token ids and logprobs as the response gives them: the generated ones, behind the
+        prompt with echo, or the prompt alone with echo and max_tokens 0."""
+        if not self.req.echo:
+            return text, token_ids, logprobs
+        ptext, pids, plogprobs = self._echo(index)
+        if self.req.echo_only:
+            return ptext, pids, plogprobs
+        return ptext + text, pids + list(token_ids), plogprobs + list(logprobs)
+
+    def _chunks(self, index: int, comp, choice: _Choice) -> list[str]:
+        text, token_ids, logprobs = comp.text, comp.token_ids, comp.logprobs or []
+        if not choice.started:
+            choice.started = True
+            text, token_ids, logprobs = self._answer(index, text, token_ids, logprobs)
+        elif self.req.echo_only:
+            text, token_ids, logprobs = "", [], []
+        if not (text or comp.finish_reason or logprobs):
             return []
-        logprobs = self._logprobs(comp.token_ids, comp.logprobs, 0).model_dump_json() if comp.logprobs else "null"
-        return [self._envelope(f'{{"index":{index},"text":{_js(comp.text)},"logprobs":{logprobs},"finish_reason":'
+        rendered = "null"
+        if self.req.logprobs is not None and logprobs:
+            rendered = self._logprobs(token_ids, logprobs, choice.text_len).model_dump_json()
+        choice.text_len += len(text)
+        return [self._envelope(f'{{"index":{index},"text":{_js(text)},"logprobs":{rendered},"finish_reason":'
                                f'{_js(comp.finish_reason)},"stop_reason":{_js(comp.stop_reason)}}}')]
 
     def response(self) -> dict:
-        choices = [api.CompletionChoice(
-            index=i, text="".join(c.text), finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-            logprobs=self._logprobs(c.token_ids, c.logprobs, 0) if c.logprobs else None)
-            for i, c in sorted(self.choices.items())]
+        choices = []
+        for i, c in sorted(self.choices.items()):
+            text, token_ids, logprobs = self._answer(i, "".join(c.text), c.token_ids, c.logprobs)
+            choices.append(api.CompletionChoice(
+                index=i, text=text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                logprobs=self._logprobs(token_ids, logprobs, 0) if self.req.logprobs is not None else None,
+                prompt_logprobs=self._prompt_logprobs(i // self.req.n)))
         return api.CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=choices,
                                       usage=self.usage()).model_dump()
 
@@ -248,7 +315,7 @@ class ChatFormat(_Format):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.started: set[int] = set()  # choices whose first chunk (with the role) has gone out
+        self.role, self.echoed = self.req.response_role(), self.req.echoed_text()
 
     def _logprobs(self, token_ids: list[int], steps: list) -> api.ChatLogprobs:
         content = []
@@ -260,12 +327,15 @@ class ChatFormat(_Format):
                                                 bytes=list(text.encode()), top_logprobs=tops))
         return api.ChatLogprobs(content=content)
 
-    def _chunks(self, index: int, comp) -> list[str]:
+    def _chunks(self, index: int, comp, choice: _Choice) -> list[str]:
         events = []
-        if index not in self.started:  # as OpenAI and vLLM: a choice's first chunk has the role and no text
-            self.started.add(index)
-            events.append(self._envelope(f'{{"index":{index},"delta":{{"role":"assistant","content":""}},'
+        if not choice.started:  # as OpenAI and vLLM: a choice's first chunk has the role and no text
+            choice.started = True
+            events.append(self._envelope(f'{{"index":{index},"delta":{{"role":{_js(self.role)},"content":""}},'
                                          '"logprobs":null,"finish_reason":null}'))
+            if self.echoed:  # then, with echo, the text the answer continues (vLLM's echo chunk)
+                events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(self.echoed)}}},'
+                                             '"logprobs":null,"finish_reason":null}'))
         if comp.text or comp.finish_reason or comp.logprobs:
             logprobs = self._logprobs(comp.token_ids, comp.logprobs).model_dump_json() if comp.logprobs else "null"
             events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(comp.text)}}},"logprobs":'
@@ -275,8 +345,10 @@ class ChatFormat(_Format):
 
     def response(self) -> dict:
         choices = [api.ChatChoice(
-            index=i, message=api.ChatResponseMessage(content="".join(c.text)), finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason, logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs else None)
+            index=i, message=api.ChatResponseMessage(role=self.role, content=self.echoed + "".join(c.text)),
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs else None)
             for i, c in sorted(self.choices.items())]
         return api.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
-                                          choices=choices, usage=self.usage()).model_dump()
+                                          choices=choices, usage=self.usage(),
+                                          prompt_logprobs=self._prompt_logprobs(0)).model_dump()
