@@ -10,7 +10,8 @@ _PUBLIC = {"LLM": "jaxspec.llm", "SamplingParams": "jaxspec.sampling_params",
            "RequestOutputKind": "jaxspec.sampling_params", "RequestOutput": "jaxspec.outputs",
            "CompletionOutput": "jaxspec.outputs", "EngineArgs": "jaxspec.engine_args",
            "LLMEngine": "jaxspec.engine.llm_engine", "AsyncLLMEngine": "jaxspec.async_engine",
-           "AsyncEngineArgs": "jaxspec.async_engine"}
+           "AsyncEngineArgs": "jaxspec.async_engine", "BeamSearchParams": "jaxspec.sampling_params",
+           "BeamSearchOutput": "jaxspec.beam_search", "BeamSearchSequence": "jaxspec.beam_search"}
 __all__ = list(_PUBLIC)
 
 

@@ -16,6 +16,7 @@ import jax
 from tqdm.auto import tqdm
 
 from jaxspec import compile_cache, loader, parallel
+from jaxspec.beam_search import BeamSearch, BeamSearchOutput
 from jaxspec.chat import render_chat
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.input_processor import InputProcessor
@@ -29,7 +30,7 @@ from jaxspec.generation_config import default_sampling_values
 from jaxspec.models import attention, eagle, llama
 from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
-from jaxspec.sampling_params import RequestOutputKind, SamplingParams
+from jaxspec.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from jaxspec.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("jaxspec")
@@ -300,6 +301,48 @@ class LLM:
         for out, text in zip(outs, texts):
             out.prompt = text
         return outs
+
+    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's beam search (jaxspec.beam_search): per prompt (a string, token ids or a prompt dict), the
+        `params.beam_width` best beams, best first. Each step is one `generate` over the live beams;
+        `concurrency_limit` prompts are searched at a time (all by default)."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"beam search needs a BeamSearchParams, got {type(params).__name__}")
+        if 2 * params.beam_width > self.engine_config.max_logprobs:
+            raise ValueError(f"BeamSearchParams.beam_width={params.beam_width}: each step asks for 2 * beam_width "
+                             f"logprobs, more than max_logprobs={self.engine_config.max_logprobs} (the LLM's "
+                             "max_logprobs argument)")
+        if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(
+                concurrency_limit, int) or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be a positive integer or None, got {concurrency_limit!r}")
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        processor, ids = self.llm_engine.input_processor, []
+        for i, prompt in enumerate(prompts):
+            try:
+                ids.append(processor.tokenize(prompt)[1])
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+            if len(ids[-1]) >= self.engine_config.max_model_len:
+                raise ValueError(f"prompt {i} has {len(ids[-1])} tokens, but max_model_len={self.engine_config.max_model_len} "
+                                 "leaves no room to generate")
+        limit = concurrency_limit or max(len(ids), 1)
+        decode = None if self.tokenizer is None else self.tokenizer.decode
+        outputs: list[BeamSearchOutput] = []
+        for start in range(0, len(ids), limit):
+            search = BeamSearch(ids[start:start + limit], params, processor.eos_token_ids, self.engine_config.max_model_len)
+            step_params = search.step_params()
+            bar = tqdm(total=params.max_tokens, desc="Beam search", unit="token") if use_tqdm else None
+            while not search.done():
+                beams = search.live()
+                results = self.generate([{"prompt_token_ids": b.tokens} for b in beams], step_params, use_tqdm=False)
+                search.advance([r.outputs[0].logprobs[0] for r in results])
+                if bar is not None:
+                    bar.update(1)
+            if bar is not None:
+                bar.close()
+            outputs.extend(search.outputs(decode))
+        return outputs
 
     def get_metrics(self) -> dict:
         """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill and the

@@ -26,22 +26,22 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2  # one output, when the request finishes (what `LLM.generate` asks for)
 
 
-def _int(name: str, value, lo: int, hi: int) -> int:
+def _int(name: str, value, lo: int, hi: int, owner: str = "SamplingParams") -> int:
     if type(value) is not int:  # (a plain int skips the ABC checks: a request's validation runs a dozen of these)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ValueError(f"SamplingParams.{name} must be an integer, got {value!r} ({type(value).__name__})")
+            raise ValueError(f"{owner}.{name} must be an integer, got {value!r} ({type(value).__name__})")
         value = int(value)
     if not lo <= value <= hi:
-        raise ValueError(f"SamplingParams.{name} must be in [{lo}, {hi}], got {value}")
+        raise ValueError(f"{owner}.{name} must be in [{lo}, {hi}], got {value}")
     return value
 
 
-def _real(name: str, value, lo: float = -math.inf, hi: float = math.inf) -> float:
+def _real(name: str, value, lo: float = -math.inf, hi: float = math.inf, owner: str = "SamplingParams") -> float:
     plain = type(value) is float or type(value) is int
     if (not plain and (isinstance(value, bool) or not isinstance(value, numbers.Real))) or not math.isfinite(value):
-        raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}")
     if not lo <= value <= hi:
-        raise ValueError(f"SamplingParams.{name} must be in [{lo:g}, {hi:g}], got {value}")
+        raise ValueError(f"{owner}.{name} must be in [{lo:g}, {hi:g}], got {value}")
     return float(value)
 
 
@@ -51,9 +51,9 @@ def _int_list(name: str, values, lo: int, hi: int) -> list[int]:
     return [_int(f"{name}[{i}]", v, lo, hi) for i, v in enumerate(values)]
 
 
-def _bool(name: str, value) -> bool:
+def _bool(name: str, value, owner: str = "SamplingParams") -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"SamplingParams.{name} must be a bool, got {value!r}")
+        raise ValueError(f"{owner}.{name} must be a bool, got {value!r}")
     return value
 
 
@@ -192,3 +192,24 @@ class SamplingParams:
         """Whether a processor applies or log-probabilities are wanted: the steps that run it then take the
         extended path (a batch of logprobs alone skips the processors)."""
         return self.needs_processors or self.logprobs is not None
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's parameters of `LLM.beam_search` (jaxspec.beam_search): beam_width beams of up to max_tokens tokens,
+    ranked by cum_logprob / length ** length_penalty."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0  # each step's sampled token joins its 2 * beam_width most likely as a candidate
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False  # the server's text keeps the EOS token's text
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        self.beam_width = _int("beam_width", self.beam_width, 1, MAX_N, owner)
+        self.max_tokens = _int("max_tokens", self.max_tokens, 1, INT32_MAX, owner)
+        self.temperature = _real("temperature", self.temperature, 0.0, owner=owner)
+        self.length_penalty = _real("length_penalty", self.length_penalty, owner=owner)
+        _bool("ignore_eos", self.ignore_eos, owner)
+        _bool("include_stop_str_in_output", self.include_stop_str_in_output, owner)

@@ -42,7 +42,7 @@ class InputProcessor:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = self._tokenize(prompt)
+        text, ids = self.tokenize(prompt)
         params.validate()
         if params.truncate_prompt_tokens is not None:  # vLLM's left truncation, before every length check
             keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
@@ -58,7 +58,8 @@ class InputProcessor:
                                   slot_spec=slot_spec))
         return group[0]
 
-    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        """A prompt as (its text or None, its token ids, checked against the vocabulary)."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 prompt = prompt["prompt_token_ids"]

@@ -46,7 +46,7 @@ class APIError(Exception):
 
 def bad_value(error: ValueError) -> APIError:
     """A 400 from a ValueError of the engine or SamplingParams, with the parameter it names as `param`."""
-    named = re.search(r"SamplingParams\.(\w+)", str(error))
+    named = re.search(r"(?:Sampling|BeamSearch)Params\.(\w+)", str(error))
     return APIError(str(error), 400, named.group(1) if named else None)
 
 
