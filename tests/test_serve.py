@@ -26,7 +26,7 @@ import openai
 import pytest
 import uvicorn
 
-from jaxspec import SamplingParams
+from jaxspec import BeamSearchParams, SamplingParams
 from jaxspec.bench import serve as bench_serve
 from jaxspec.serve.app import build_app
 from jaxspec.serve.engine_process import EngineProcess
@@ -93,8 +93,9 @@ def oracle(tmp_path_factory):
     options_reference = [llm.chat(CONTINUED, GREEDY, use_tqdm=False, add_generation_prompt=False, **kw)[0]
                          for kw in CHAT_OPTIONS]
     ids_reference = llm.generate([[3, 1, 4, 1, 5]], GREEDY, use_tqdm=False)[0].outputs[0].text
+    beams = llm.beam_search(PROMPTS[:2], BeamSearchParams(beam_width=3, max_tokens=MAX_TOKENS))
     return SimpleNamespace(llm=llm, path=path, reference=reference, chat_reference=chat_reference,
-                           options_reference=options_reference, ids_reference=ids_reference)
+                           options_reference=options_reference, ids_reference=ids_reference, beams=beams)
 
 
 @pytest.fixture(scope="module", params=["process", "thread"])
@@ -318,7 +319,7 @@ BAD_REQUESTS = [  # (path, body, status, param)
     ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": "many"}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, 400, None),  # a token id outside the vocabulary
     ("/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b"}, 400, "suffix"),
-    ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, 400, "use_beam_search"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True, "n": 11}, 400, "n"),  # > 20 / 2
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
@@ -735,6 +736,40 @@ def test_chat_echo_repeats_the_continued_message(served, stream):
         assert r["choices"][0]["message"] == {"role": "assistant", "content": want}
         r = post(served, "/v1/chat/completions", plain).json()
         assert r["choices"][0]["message"]["content"] == served.chat_reference[0]
+
+
+# ---- use_beam_search (vLLM's)
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_use_beam_search_equals_llm_beam_search(served, stream):
+    """n beams per prompt, best first, each a choice: the generated text and tokens of LLM.beam_search's beams,
+    with their logprobs when asked; a streaming request gets the whole response as one event (as vLLM)."""
+    body = {"model": MODEL, "prompt": PROMPTS[:2], "max_tokens": MAX_TOKENS, "temperature": 0, "n": 3,
+            "use_beam_search": True, "logprobs": 1}
+    if stream:
+        with httpx.stream("POST", served.url + "/v1/completions", json=body | {"stream": True}, timeout=60,
+                          headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert len(events) == 2 and events[1] == "[DONE]"
+        response = json.loads(events[0])
+    else:
+        response = post(served, "/v1/completions", body, timeout=60).json()
+    tok = served.llm.get_tokenizer()
+    choices = response["choices"]
+    assert [c["index"] for c in choices] == list(range(6))
+    for prompt, out in zip(PROMPTS[:2], served.beams):
+        for beam in out.sequences:
+            c = choices.pop(0)
+            generated = beam.tokens[len(prompt):]
+            assert c["text"] == tok.decode(generated) and c["finish_reason"] == "length"
+            assert c["logprobs"]["tokens"] == [tok.decode([t]) for t in generated]
+            assert sum(c["logprobs"]["token_logprobs"]) == pytest.approx(beam.cum_logprob, rel=1e-5)
+    assert response["usage"]["completion_tokens"] == 6 * MAX_TOKENS
+    chat = post(served, "/v1/chat/completions", {"model": MODEL, "messages": CHATS[0], "max_tokens": 4, "n": 2,
+                                                 "temperature": 0, "use_beam_search": True}, timeout=60).json()
+    assert [c["index"] for c in chat["choices"]] == [0, 1] and chat["choices"][0]["logprobs"] is None
+    assert len({c["message"]["content"] for c in chat["choices"]}) == 2  # two different beams
+    wait_until_idle(served.url)
 
 
 # ---- pieces

@@ -6,6 +6,7 @@
     engine_process.py  the engine core in a process of its own (the default), the server's end of its pipes
     wire.py         a step's outputs as tuples across the pipe; the text of most requests made in the server
     serving.py      requests -> engine inputs (tokenized here), outputs -> responses and stream chunks
+    beam_serving.py use_beam_search: the beam search of jaxspec.beam_search, one engine call a step
     metrics.py      Prometheus metrics under vLLM's names
     app.py          the FastAPI routes, errors, API key (`build_app(engine, ...)`)
     cli.py          the command's flags and uvicorn

@@ -26,9 +26,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from jaxspec.serve import protocol as api
+from jaxspec.serve.beam_serving import beam_search_params, run_beam_search
 from jaxspec.serve.engine_loop import EngineDeadError, EngineLoop, RequestStream
 from jaxspec.serve.metrics import ServerMetrics
-from jaxspec.serve.serving import APIError, ChatFormat, CompletionFormat, bad_value, chat_inputs, completion_inputs
+from jaxspec.serve.serving import (APIError, ChatFormat, CompletionFormat, bad_value, chat_inputs, chat_prompts,
+                                   completion_inputs, completion_prompts, engine_inputs)
 
 logger = logging.getLogger("jaxspec.serve")
 
@@ -107,12 +109,14 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
             raise APIError(f"The model `{model}` does not exist.", 404, "model")
 
     async def generate(request: Request, req: api.SamplingRequest, request_id: str, make_inputs: Callable,
-                       fmt_cls: type) -> Response:
+                       make_prompts: Callable, fmt_cls: type) -> Response:
         arrival = time.perf_counter()
         check_model(req.model)
         extra = sorted(req.model_extra or {})
         if extra:
             logger.warning("request %s: ignored fields %s", request_id, extra)
+        if req.use_beam_search:
+            return await beam_search(request, req, request_id, make_prompts, fmt_cls)
         inputs = make_inputs(req, request_id, tokenizer, engine.default_sampling_values)
         try:
             stream = await engine.submit(inputs.requests, arrival)
@@ -125,13 +129,32 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
             return StreamingResponse(_sse(stream, fmt), media_type="text/event-stream")
         return await _complete(request, stream, fmt)
 
+    async def beam_search(request: Request, req: api.SamplingRequest, request_id: str, make_prompts: Callable,
+                          fmt_cls: type) -> Response:
+        """vLLM's use_beam_search: the whole answer at the end; a streaming request gets it as one event."""
+        inputs = engine_inputs(request_id, *make_prompts(req, tokenizer))
+        params = beam_search_params(req, req.engine_max_tokens(), inputs.prompt_lens, max_model_len,
+                                    engine.max_logprobs, engine.default_sampling_values)
+        fmt = fmt_cls(request_id, names[0], req, inputs, tokenizer)
+
+        async def collect() -> dict:
+            fmt.add(await run_beam_search(engine, request_id, inputs, params, req, tokenizer))
+            return fmt.response()
+
+        response = await _finish(request, collect(), lambda: None)
+        if not req.stream or response.status_code != 200:
+            return response
+        return StreamingResponse(iter([f"data: {response.body.decode()}\n\n", "data: [DONE]\n\n"]),
+                                 media_type="text/event-stream")
+
     @app.post("/v1/completions")
     async def completions(req: api.CompletionRequest, request: Request) -> Response:
-        return await generate(request, req, f"cmpl-{uuid.uuid4().hex}", completion_inputs, CompletionFormat)
+        return await generate(request, req, f"cmpl-{uuid.uuid4().hex}", completion_inputs, completion_prompts,
+                              CompletionFormat)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: api.ChatCompletionRequest, request: Request) -> Response:
-        return await generate(request, req, f"chatcmpl-{uuid.uuid4().hex}", chat_inputs, ChatFormat)
+        return await generate(request, req, f"chatcmpl-{uuid.uuid4().hex}", chat_inputs, chat_prompts, ChatFormat)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -175,17 +198,27 @@ async def _complete(request: Request, stream: RequestStream, fmt) -> Response:
             fmt.add(batch)
         return fmt.response()
 
-    work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
+    return await _finish(request, collect(), stream.close)
+
+
+async def _finish(request: Request, collect, close: Callable[[], None]) -> Response:
+    """The JSON that `collect` (a coroutine) makes, or nothing if the client leaves first: then `collect` is
+    cancelled and `close` aborts what still runs. A bad request found on the way is a 400, a dead engine a 500."""
+    work, gone = asyncio.ensure_future(collect), asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not work.done():
             work.cancel()
-        stream.close()
+        close()
     if not work.done() or work.cancelled():
         return Response(status_code=499)  # nobody is listening
     try:
         return JSONResponse(work.result())
     except EngineDeadError as e:
         return _error(APIError(str(e), 500))
+    except APIError as e:
+        return _error(e)
+    except ValueError as e:
+        return _error(bad_value(e))

@@ -102,6 +102,14 @@ class EngineLoop:
     def default_sampling_values(self) -> dict[str, Any]:
         return self.llm.default_sampling_values
 
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.llm.llm_engine.input_processor.eos_token_ids
+
+    @property
+    def max_logprobs(self) -> int:
+        return self.llm.engine_config.max_logprobs
+
     # ---- the engine's side, on a thread (EngineProcess overrides these three)
 
     def _start_engine(self) -> None:

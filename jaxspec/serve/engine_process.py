@@ -13,8 +13,8 @@ DELTA outputs, so that steps which wait in the pipe can be read as one (`_read`)
 
 The LLM is built in the engine process by `factory` (a picklable callable: the process is spawned, not forked,
 as JAX and CUDA are not fork-safe), which is also where its errors are raised; `launch` returns once it is ready,
-with what the server needs of it (tokenizer, max_model_len, the model's sampling defaults). The server's process
-never initializes JAX, so it holds no device memory.
+with what the server needs of it (tokenizer, max_model_len, the model's sampling defaults, EOS ids and
+max_logprobs). The server's process never initializes JAX, so it holds no device memory.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def _engine_main(factory: Callable[[], Any], commands_conn, events_conn, snapsho
         return
     events_conn.send(("ready", {"tokenizer": llm.get_tokenizer(), "max_model_len": llm.engine_config.max_model_len,
                                 "default_sampling_values": llm.default_sampling_values,
-                                "metrics": llm.get_metrics()}))
+                                "eos_token_ids": llm.llm_engine.input_processor.eos_token_ids,
+                                "max_logprobs": llm.engine_config.max_logprobs, "metrics": llm.get_metrics()}))
     commands: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_pump, args=(commands_conn, commands), name="jaxspec-commands", daemon=True).start()
     encoder = Encoder()
@@ -124,6 +125,14 @@ class EngineProcess(EngineLoop):
     @property
     def default_sampling_values(self) -> dict[str, Any]:
         return self._ready["default_sampling_values"]
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self._ready["eos_token_ids"]
+
+    @property
+    def max_logprobs(self) -> int:
+        return self._ready["max_logprobs"]
 
     @property
     def pid(self) -> int:

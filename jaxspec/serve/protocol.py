@@ -71,7 +71,8 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
-    use_beam_search: bool = False
+    use_beam_search: bool = False  # vLLM's: n beams (jaxspec.serve.beam_serving)
+    length_penalty: float = 1.0  # beam search's
 
     # request fields that are SamplingParams fields of the same name
     SAMPLING: ClassVar[tuple[str, ...]] = (
@@ -80,7 +81,7 @@ class SamplingRequest(OpenAIBaseModel):
         "allowed_token_ids", "bad_words", "prompt_logprobs", "include_stop_str_in_output", "skip_special_tokens",
         "spaces_between_special_tokens", "truncate_prompt_tokens")
     # features of the API that this server does not implement: any value but the default is refused
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("use_beam_search",)
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
 
     def _non_default(self, name: str) -> Any:
         """The field's value if it differs from its default, else None."""
@@ -169,6 +170,9 @@ class ChatCompletionRequest(SamplingRequest):
     UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
         "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
         "chat_template")
+
+    def engine_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
     def response_role(self) -> str:
         """The answer's role, as vLLM's: the assistant's after a generation prompt, else the last message's (the

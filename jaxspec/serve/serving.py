@@ -83,21 +83,22 @@ class EngineInputs:
     prompt_texts: list[str | None] = field(default_factory=list)
 
 
-def _inputs(request_id: str, prompt_ids: list[list[int]], params: SamplingParams,
-            texts: list[str | None] | None = None) -> EngineInputs:
+def engine_inputs(request_id: str, prompt_ids: list[list[int]], texts: list[str | None] | None = None,
+            params: SamplingParams | None = None) -> EngineInputs:
+    """One engine request per prompt; params None for requests that make their own (beam search)."""
     ids = [request_id] if len(prompt_ids) == 1 else [f"{request_id}-{i}" for i in range(len(prompt_ids))]
     # the engine keeps the last truncate_prompt_tokens tokens (-1: the last max_model_len, which changes only a
     # prompt too long to be served at all)
-    keep = params.truncate_prompt_tokens if (params.truncate_prompt_tokens or 0) > 0 else None
+    truncate = params.truncate_prompt_tokens if params is not None else None
+    keep = truncate if (truncate or 0) > 0 else None
     lens = [len(p) if keep is None else min(len(p), keep) for p in prompt_ids]
     texts = texts or [None] * len(prompt_ids)
     return EngineInputs([(rid, {"prompt_token_ids": p}, params) for rid, p in zip(ids, prompt_ids)], lens,
                         [t if n == len(p) else None for t, n, p in zip(texts, lens, prompt_ids)])
 
 
-def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any,
-                      defaults: dict[str, Any]) -> EngineInputs:
-    params = sampling_params(req, req.engine_max_tokens(), defaults)
+def completion_prompts(req: api.CompletionRequest, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
+    """The request's prompts as token ids, and the texts of those sent as text."""
     prompts = req.prompts()
     if not prompts:
         raise APIError("prompt must not be an empty list", param="prompt")
@@ -105,13 +106,18 @@ def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: An
         raise APIError("text prompts need a tokenizer and this model has none: send token ids", param="prompt")
     if req.echo and tokenizer is None:
         raise APIError("echo needs a tokenizer to write the prompt's text and this model has none", param="echo")
-    return _inputs(request_id, [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts], params,
-                   [p if isinstance(p, str) else None for p in prompts])
+    return ([tokenizer.encode(p) if isinstance(p, str) else p for p in prompts],
+            [p if isinstance(p, str) else None for p in prompts])
 
 
-def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
-                defaults: dict[str, Any]) -> EngineInputs:
-    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, defaults)
+def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: Any,
+                      defaults: dict[str, Any]) -> EngineInputs:
+    params = sampling_params(req, req.engine_max_tokens(), defaults)
+    return engine_inputs(request_id, *completion_prompts(req, tokenizer), params)
+
+
+def chat_prompts(req: api.ChatCompletionRequest, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
+    """The conversation through the model's chat template, as token ids."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template: use /v1/completions", param="messages")
     if not req.messages:
@@ -128,8 +134,13 @@ def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
         param = next((name for name in ("chat_template_kwargs", "continue_final_message") if name in str(e)),
                      "messages")
         raise APIError(f"the chat template: {e}", param=param) from None
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return _inputs(request_id, [ids], params)
+    return [tokenizer.encode(text, add_special_tokens=False)], [None]
+
+
+def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
+                defaults: dict[str, Any]) -> EngineInputs:
+    params = sampling_params(req, req.engine_max_tokens(), defaults)
+    return engine_inputs(request_id, *chat_prompts(req, tokenizer), params)
 
 
 # ---- outputs
