@@ -11,7 +11,8 @@ _PUBLIC = {"LLM": "jaxspec.llm", "SamplingParams": "jaxspec.sampling_params",
            "CompletionOutput": "jaxspec.outputs", "EngineArgs": "jaxspec.engine_args",
            "LLMEngine": "jaxspec.engine.llm_engine", "AsyncLLMEngine": "jaxspec.async_engine",
            "AsyncEngineArgs": "jaxspec.async_engine", "BeamSearchParams": "jaxspec.sampling_params",
-           "BeamSearchOutput": "jaxspec.beam_search", "BeamSearchSequence": "jaxspec.beam_search"}
+           "BeamSearchOutput": "jaxspec.beam_search", "BeamSearchSequence": "jaxspec.beam_search",
+           "TextPrompt": "jaxspec.inputs", "TokensPrompt": "jaxspec.inputs", "PromptType": "jaxspec.inputs"}
 __all__ = list(_PUBLIC)
 
 

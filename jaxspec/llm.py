@@ -7,10 +7,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import jax
 from tqdm.auto import tqdm
@@ -225,16 +226,21 @@ class LLM:
         return SamplingParams(**self.default_sampling_values)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True, async_scheduling: bool | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable[..., Any] = True, async_scheduling: bool | None = None, *,
+                 lora_request: None = None, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for text prompts or token-id lists; outputs come back in the order of the prompts. Every
         request is validated before any runs (a ValueError names the request). `async_scheduling` overrides
-        the LLM's for this call (outputs are identical either way). Thread-safe: concurrent calls take turns."""
+        the LLM's for this call (outputs are identical either way). Thread-safe: concurrent calls take turns.
+        `use_tqdm` may be a tqdm-like callable that makes the progress bar; `lora_request` and `priority` are
+        vLLM's, taken at their defaults (no LoRA adapters; first come, first served)."""
+        _vllm_defaults(lora_request, priority)
         seqs = self._make_requests(prompts, sampling_params, RequestOutputKind.FINAL_ONLY)
         index = {seq.request_id: i for i, seq in enumerate(seqs)}
         results: list[RequestOutput | None] = [None] * len(seqs)
         # no tqdm object at all unless asked for: it takes a process-wide lock, which an interrupt landing inside
         # it can leave taken (every later bar would then hang)
-        bar = tqdm(total=len(seqs), desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
+        make_bar = use_tqdm if callable(use_tqdm) else tqdm
+        bar = make_bar(total=len(seqs), desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
         start = last = time.perf_counter()
         processor = self.llm_engine.output_processor
         samples = [s for seq in seqs for s in seq.group]
@@ -268,11 +274,13 @@ class LLM:
         return results
 
     def generate_stream(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                        async_scheduling: bool | None = None) -> Iterator[RequestOutput]:
+                        async_scheduling: bool | None = None, *, lora_request: None = None,
+                        priority: list[int] | None = None) -> Iterator[RequestOutput]:
         """Like `generate`, but yields each request's new text as it comes: RequestOutputs with only the tokens
         and text added since that request's last one (output_kind DELTA), the last with `finished=True`.
         `request_id` tells the requests apart ("0", "1", ... in the order of the prompts, offset by earlier
         calls). Closing the generator early aborts the requests still running."""
+        _vllm_defaults(lora_request, priority)
         seqs = self._make_requests(prompts, sampling_params, RequestOutputKind.DELTA)
         ids = {seq.request_id for seq in seqs}
         with self._running(seqs):
@@ -283,12 +291,13 @@ class LLM:
                         remaining -= out.finished
                         yield out
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
-             async_scheduling: bool | None = None, *, chat_template: str | None = None,
+    def chat(self, messages, sampling_params=None, use_tqdm: bool | Callable[..., Any] = True,
+             async_scheduling: bool | None = None, *, lora_request: None = None, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of them, through the model's chat template
         (or `chat_template`); the template options are vLLM's (jaxspec.chat.render_chat)."""
+        _vllm_defaults(lora_request, None)
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template; this model has none")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -302,11 +311,12 @@ class LLM:
             out.prompt = text
         return outs
 
-    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False,
+    def beam_search(self, prompts, params: BeamSearchParams, lora_request: None = None, use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
         """vLLM's beam search (jaxspec.beam_search): per prompt (a string, token ids or a prompt dict), the
         `params.beam_width` best beams, best first. Each step is one `generate` over the live beams;
         `concurrency_limit` prompts are searched at a time (all by default)."""
+        _vllm_defaults(lora_request, None)
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"beam search needs a BeamSearchParams, got {type(params).__name__}")
         if 2 * params.beam_width > self.engine_config.max_logprobs:
@@ -417,6 +427,15 @@ class LLM:
                     engine.forget(self._owned)
                     self._owned = []
                 self._owner = None
+
+
+def _vllm_defaults(lora_request: Any, priority: list[int] | None) -> None:
+    """vLLM's per-call options that jaxspec has only at their defaults: no LoRA adapter, no request priorities
+    (vLLM too refuses priorities unless its scheduler was built for them)."""
+    if lora_request is not None:
+        raise ValueError(f"lora_request={lora_request!r}: jaxspec has no LoRA adapters (pass None)")
+    if priority is not None and any(priority):
+        raise ValueError("priority: jaxspec schedules first come, first served (pass None or zeros)")
 
 
 def _memory_fraction(gpu_memory_utilization: float | None, memory_fraction: float) -> float:

@@ -109,6 +109,8 @@ def test_bad_requests_leave_the_engine_unchanged(weights, prompts, fresh):
         ([prompts[0], [[1, 2], [3]]], None, "flat"),
         ([prompts[0], None], None, "prompt must be"),
         ([prompts[0], {"text": "x"}], None, "prompt"),
+        ([prompts[0], {"prompt_token_ids": [1, 2], "multi_modal_data": {}}], None, "multi_modal_data"),
+        ([prompts[0], {"prompt": "ab", "cache_salt": "user-1"}], None, "cache_salt"),
         ([prompts[0], b"bytes"], None, "prompt must be"),
         (None, None, "prompts must be"),
         ([prompts[0], prompts[1]], [GOOD[0]], "2 prompts but 1"),

@@ -1,7 +1,8 @@
 """A request's prompt and params -> validated `Sequence`s (one per sample), or a ValueError naming the problem;
 nothing is queued.
 
-Prompts come as vLLM takes them: a string, a list of token ids, or a dict with `prompt` or `prompt_token_ids`.
+Prompts come as vLLM takes them: a string, a list of token ids, or a dict with `prompt` or `prompt_token_ids`
+(jaxspec.inputs); a dict's other fields (multi_modal_data, cache_salt, ...) are refused, not ignored.
 Checks that need the model run here: token ids against the vocabulary, logprobs against max_logprobs, bad words
 tokenized. Seeds: a request without one gets (LLM seed * 1_000_003 + admission index) mod 2^32, where the index
 advances by n per request; sample i of a request with seed s is seeded (s + i) mod 2^32, as vLLM seeds its
@@ -16,6 +17,7 @@ import numpy as np
 
 from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SlotSpec
+from jaxspec.inputs import PROMPT_KEYS
 from jaxspec.sampling_params import SamplingParams
 
 
@@ -60,8 +62,14 @@ class InputProcessor:
 
     def tokenize(self, prompt) -> tuple[str | None, list[int]]:
         """A prompt as (its text or None, its token ids, checked against the vocabulary)."""
+        given_text = None
         if isinstance(prompt, dict):
+            other = sorted(set(prompt) - PROMPT_KEYS)
+            if other:  # multi_modal_data, cache_salt, ...: features jaxspec does not have, so not ignored
+                raise ValueError(f"prompt fields {other} are not supported (a prompt dict takes 'prompt' and "
+                                 "'prompt_token_ids', vLLM's TextPrompt and TokensPrompt)")
             if "prompt_token_ids" in prompt:
+                given_text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
                 prompt = prompt["prompt_token_ids"]
             elif isinstance(prompt.get("prompt"), str):
                 prompt = prompt["prompt"]
@@ -82,7 +90,7 @@ class InputProcessor:
             if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
                 raise ValueError(f"prompt token ids must be a flat sequence of integers, got shape {a.shape} of "
                                  f"{a.dtype}")
-            ids, text = a.tolist(), None
+            ids, text = a.tolist(), given_text
         if not ids:
             raise ValueError("the prompt is empty")
         a = np.asarray(ids)

@@ -1,0 +1,51 @@
+"""vLLM code with its import changed: the prompt types (`TextPrompt`, `TokensPrompt`) and the per-call options
+vLLM's signatures have (`lora_request`, `priority`, a `use_tqdm` callable), taken at the values jaxspec serves and
+refused by name otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxspec import LLM, BeamSearchParams, SamplingParams, TextPrompt, TokensPrompt
+from tests.tiny import make_llm, tiny_weights, write_char_tokenizer
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory) -> LLM:
+    return make_llm(tiny_weights(), write_char_tokenizer(tmp_path_factory.mktemp("vllm_api")))
+
+
+def test_prompt_types(llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("hello")
+    plain = llm.generate(["hello"], GREEDY, use_tqdm=False)[0]
+    outs = llm.generate([TextPrompt(prompt="hello"), TokensPrompt(prompt_token_ids=ids),
+                         TokensPrompt(prompt_token_ids=ids, prompt="hello")], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [plain.outputs[0].token_ids] * 3
+    assert [o.prompt for o in outs] == ["hello", None, "hello"]  # a TokensPrompt's text is reported when given
+    (beams,) = llm.beam_search([TokensPrompt(prompt_token_ids=ids)], BeamSearchParams(beam_width=2, max_tokens=3))
+    assert beams.sequences[0].tokens[:len(ids)] == ids
+
+
+def test_vllm_call_options(llm):
+    made = []
+
+    def bar(**kw):  # vLLM takes a tqdm-like callable for the progress bar
+        from tqdm import tqdm
+        made.append(kw)
+        return tqdm(disable=True, **kw)
+
+    want = llm.generate(["abc"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    out = llm.generate(["abc"], GREEDY, use_tqdm=bar, lora_request=None, priority=[0])[0]
+    assert out.outputs[0].token_ids == want and made and made[0]["total"] == 1
+    assert llm.chat([{"role": "user", "content": "a"}], GREEDY, use_tqdm=False, lora_request=None,
+                    chat_template="{{ messages[0]['content'] }}")[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="lora_request"):
+        llm.generate(["abc"], GREEDY, lora_request=object())
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate(["abc"], GREEDY, priority=[1])
+    with pytest.raises(ValueError, match="lora_request"):
+        llm.beam_search(["abc"], BeamSearchParams(beam_width=2, max_tokens=2), lora_request="adapter")
+    assert llm.generate(["abc"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want  # nothing was queued
