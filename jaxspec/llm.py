@@ -354,6 +354,12 @@ class LLM:
             outputs.extend(search.outputs(decode))
         return outputs
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached prompt page, so the next requests prefill their whole prompts (to time a
+        run without the cache, or after changing what a page would hold); False while requests hold pages."""
+        with self._lock:
+            return self.llm_engine.reset_prefix_cache()
+
     def get_metrics(self) -> dict:
         """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill and the
         prefix cache's queried and found prompt tokens."""

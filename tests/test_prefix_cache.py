@@ -135,3 +135,27 @@ def test_eviction_under_a_small_pool_keeps_outputs():
     bm = on.llm_engine.block_manager
     assert bm.num_free == 40 and sum(o.num_cached_tokens for o in got) > 0
     assert len(bm.cached) == len(bm.page_hash) == len(bm.evictable) <= 40
+
+
+def test_reset_prefix_cache():
+    """vLLM's reset_prefix_cache: after it, the same prompts find only what a fresh engine finds (with the same
+    outputs); while a request holds pages it refuses (False) and forgets nothing."""
+    llm = make_llm(tiny_weights())
+    prompts = _prompts()
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    first = llm.generate(prompts, greedy, use_tqdm=False)
+    assert sum(o.num_cached_tokens for o in llm.generate(prompts, greedy, use_tqdm=False)) > 0
+    engine = llm.llm_engine
+    engine.add_request("held", prompts[0], greedy)
+    engine.step()
+    assert not llm.reset_prefix_cache() and engine.block_manager.cached
+    engine.abort_request("held")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert llm.reset_prefix_cache()
+    bm = engine.block_manager
+    assert not bm.cached and not bm.evictable and len(bm.free_page_ids) == llm.engine_config.num_pages
+    again = llm.generate(prompts, greedy, use_tqdm=False)
+    # what a fresh engine finds (the call's own prompts share prefixes with each other), not the earlier calls'
+    assert [o.num_cached_tokens for o in again] == [o.num_cached_tokens for o in first]
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]

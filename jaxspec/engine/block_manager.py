@@ -43,6 +43,17 @@ class BlockManager:
         self.page_hash: dict[int, bytes] = {}  # page -> its prefix hash, for registered pages
         self.evictable: OrderedDict[int, None] = OrderedDict()  # registered pages nobody holds, oldest first
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache), while no page is held: False, and nothing
+        forgotten, if any is."""
+        if any(self.refs):
+            return False
+        self.free_page_ids.extend(self.evictable)
+        self.evictable.clear()
+        self.cached.clear()
+        self.page_hash.clear()
+        return True
+
     @property
     def num_free(self) -> int:
         """Pages that can be handed out: free ones and evictable cached ones."""

@@ -18,6 +18,7 @@ from its committed tokens (preemption's path), so the engine stays correct and n
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -43,6 +44,8 @@ from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from jaxspec.engine_args import EngineArgs
+
+logger = logging.getLogger("jaxspec")
 
 
 @dataclass
@@ -186,6 +189,15 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return sum(not seq.group_finished for seq in self.requests.values())
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget the prefix cache (the next requests prefill every prompt token), once the steps in flight
+        are read; False (a warning, nothing forgotten) while requests hold pages."""
+        self.drain()
+        if self.block_manager.reset_prefix_cache():
+            return True
+        logger.warning("prefix cache not reset: %d requests still hold KV pages", len(self.requests))
+        return False
 
     # ---- stepping
 
