@@ -377,12 +377,33 @@ def test_sampling_fields_follow_sampling_params(served, field, value):
         assert field in r.json()["error"]["message"]
 
 
+def test_tokenize_detokenize_version(served):
+    """vLLM's /tokenize (a text as the completions API tokenizes it; a conversation as the chat API does: its
+    count is the chat usage's prompt_tokens), /detokenize and /version; bad ids and models are 400 / 404."""
+    tok = served.llm.get_tokenizer()
+    r = post(served, "/tokenize", {"model": MODEL, "prompt": "abcXY", "return_token_strs": True}).json()
+    assert r == {"count": 5, "max_model_len": MAX_MODEL_LEN, "tokens": tok.encode("abcXY"),
+                 "token_strs": list("abcXY")}
+    chat = post(served, "/tokenize", {"messages": CHATS[1]}).json()
+    usage = post(served, "/v1/chat/completions", {"model": MODEL, "messages": CHATS[1], "max_tokens": 1}).json()
+    assert chat["count"] == usage["usage"]["prompt_tokens"] and chat["token_strs"] is None
+    assert post(served, "/detokenize", {"tokens": r["tokens"]}).json() == {"prompt": "abcXY"}
+    assert post(served, "/detokenize", {"tokens": [1, 10**6]}).json()["error"]["param"] == "tokens"
+    assert post(served, "/tokenize", {"model": "nope", "prompt": "a"}).status_code == 404
+    assert post(served, "/tokenize", {"model": MODEL}).status_code == 400  # neither prompt nor messages
+    version = httpx.get(served.url + "/version", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert version["version"]
+
+
 def test_api_key(served):
     for key in (None, "wrong"):
         for path in ("/v1/completions", "/v1/chat/completions"):
             r = post(served, path, {"model": MODEL, "prompt": "a"}, key=key)
             assert r.status_code == 401 and r.json()["error"]["code"] == 401
         assert httpx.get(served.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 401
+        for path in ("/tokenize", "/detokenize"):  # every route but /health and /metrics
+            assert post(served, path, {"prompt": "a", "tokens": [1]}, key=key).status_code == 401
+        assert httpx.get(served.url + "/version").status_code == 401
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=served.url + "/v1", api_key="wrong").models.list()
     assert httpx.get(served.url + "/health").status_code == 200  # open, as in vLLM

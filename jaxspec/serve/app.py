@@ -5,13 +5,14 @@ in a process of its own) or an LLM, whose engine then runs on a thread of this p
 the app (its lifespan) and is stopped with it; everything else runs on the event loop. A client that disconnects,
 streaming or not, aborts its requests, and the engine frees their pages.
 
-As in vLLM, `api_key` guards every route under /v1 (`Authorization: Bearer <key>`); /health and /metrics stay
-open, for load balancers and scrapers.
+`api_key` guards every route (`Authorization: Bearer <key>`) but /health and /metrics, which stay open for load
+balancers and scrapers, as in vLLM (which also leaves /tokenize, /detokenize and /version open).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import secrets
@@ -35,15 +36,20 @@ from jaxspec.serve.serving import (APIError, ChatFormat, CompletionFormat, bad_v
 logger = logging.getLogger("jaxspec.serve")
 
 
+# what load balancers and scrapers call, open as in vLLM; every other route needs the key when one is set
+OPEN_ROUTES = frozenset({"/health", "/metrics"})
+
+
 class APIKeyMiddleware:
-    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): /v1 needs the key."""
+    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): every route but
+    OPEN_ROUTES needs the key."""
 
     def __init__(self, app, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_ROUTES:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
                 error = APIError("Unauthorized: this server needs 'Authorization: Bearer <api key>'", 401)
@@ -155,6 +161,36 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: api.ChatCompletionRequest, request: Request) -> Response:
         return await generate(request, req, f"chatcmpl-{uuid.uuid4().hex}", chat_inputs, chat_prompts, ChatFormat)
+
+    @app.post("/tokenize")
+    async def tokenize(req: api.TokenizeCompletionRequest | api.TokenizeChatRequest) -> dict:
+        """vLLM's: a text (as the completions API tokenizes it) or a conversation (through the chat template)."""
+        check_model(req.model)
+        if tokenizer is None:
+            raise APIError("this model has no tokenizer", param="prompt")
+        if isinstance(req, api.TokenizeChatRequest):
+            tokens = chat_prompts(req, tokenizer, req.add_special_tokens)[0][0]
+        else:
+            tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        strs = tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        return api.TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens,
+                                    token_strs=strs).model_dump()
+
+    @app.post("/detokenize")
+    async def detokenize(req: api.DetokenizeRequest) -> dict:
+        check_model(req.model)
+        if tokenizer is None:
+            raise APIError("this model has no tokenizer", param="tokens")
+        vocab = len(tokenizer)
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"token ids {bad[:5]} are outside the tokenizer's vocabulary [0, {vocab})",
+                           param="tokens")
+        return api.DetokenizeResponse(prompt=tokenizer.decode(req.tokens)).model_dump()
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": importlib.metadata.version("jaxspec")}
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -193,18 +193,22 @@ class ChatCompletionRequest(SamplingRequest):
         return values
 
     def conversation(self) -> list[dict]:
-        """The messages as the chat template takes them; text parts are joined, other parts are refused."""
-        out = []
-        for i, m in enumerate(self.messages):
-            content = m.content or ""
-            if isinstance(content, list):
-                for j, part in enumerate(content):
-                    if part.type != "text" or part.text is None:
-                        raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported, got "
-                                         f"type {part.type!r}")
-                content = "".join(part.text for part in content)
-            out.append({"role": m.role, "content": content})
-        return out
+        return conversation(self.messages)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    """The messages as the chat template takes them; text parts are joined, other parts are refused."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content or ""
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported, got "
+                                     f"type {part.type!r}")
+            content = "".join(part.text for part in content)
+        out.append({"role": m.role, "content": content})
+    return out
 
 
 # ---- responses
@@ -314,6 +318,44 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+
+
+class TokenizeCompletionRequest(OpenAIBaseModel):
+    """vLLM's /tokenize body for a text (the completions API's tokenization)."""
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(OpenAIBaseModel):
+    """vLLM's /tokenize body for a conversation (the chat API's: through the chat template)."""
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict | None = None
+    return_token_strs: bool | None = False
+
+    def conversation(self) -> list[dict]:
+        return conversation(self.messages)
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

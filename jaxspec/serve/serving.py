@@ -116,8 +116,10 @@ def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: An
     return engine_inputs(request_id, *completion_prompts(req, tokenizer), params)
 
 
-def chat_prompts(req: api.ChatCompletionRequest, tokenizer: Any) -> tuple[list[list[int]], list[str | None]]:
-    """The conversation through the model's chat template, as token ids."""
+def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, tokenizer: Any,
+                 add_special_tokens: bool = False) -> tuple[list[list[int]], list[str | None]]:
+    """The conversation through the model's chat template, as token ids (the template writes the special tokens
+    itself, so the tokenizer adds none unless asked)."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template: use /v1/completions", param="messages")
     if not req.messages:
@@ -134,7 +136,7 @@ def chat_prompts(req: api.ChatCompletionRequest, tokenizer: Any) -> tuple[list[l
         param = next((name for name in ("chat_template_kwargs", "continue_final_message") if name in str(e)),
                      "messages")
         raise APIError(f"the chat template: {e}", param=param) from None
-    return [tokenizer.encode(text, add_special_tokens=False)], [None]
+    return [tokenizer.encode(text, add_special_tokens=add_special_tokens)], [None]
 
 
 def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
