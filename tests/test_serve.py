@@ -926,6 +926,52 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
     assert not engine._process.is_alive()  # stopped with the app
 
 
+def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
+    """vLLM's --chat-template (a file, or the template itself), --trust-request-chat-template, --response-role,
+    CORS (--allowed-origins, none by default), --root-path, and the request-logging flags."""
+    from fastapi.testclient import TestClient
+
+    from jaxspec.cli import main
+    from jaxspec.convert.checkpoint import save_checkpoint
+    from jaxspec.serve.cli import load_chat_template
+
+    path = tmp_path / "model"
+    make_model_dir(path / "hf")
+    save_checkpoint(path / "ckpt", TINY, tiny_weights())
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}Q"
+                        "{% endif %}")
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(kw, app=app))
+    flags = ["serve", str(path), "--max-model-len", "64", "--max-num-seqs", "2", "--max-num-batched-tokens", "16",
+             "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16", "--disable-frontend-multiprocessing"]
+    main([*flags, "--chat-template", str(template), "--response-role", "bot", "--trust-request-chat-template",
+          "--allowed-origins", '["http://a.example"]', "--root-path", "/api", "--enable-log-requests",
+          "--disable-log-requests"])
+    assert started["root_path"] == "/api"
+    tok = started["app"].state.engine.tokenizer
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+    with TestClient(started["app"]) as client:
+        assert client.post("/tokenize", json=body).json()["tokens"] == tok.encode("hiQ")  # the file's template
+        own = {**body, "chat_template": "{{ messages[0]['content'] }}X"}  # trusted: the request's own
+        assert client.post("/tokenize", json=own).json()["tokens"] == tok.encode("hiX")
+        r = client.post("/v1/chat/completions", json=body).json()
+        assert r["choices"][0]["message"]["role"] == "bot" and r["usage"]["prompt_tokens"] == 3
+        preflight = {"Origin": "http://a.example", "Access-Control-Request-Method": "POST"}
+        r = client.options("/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://a.example"
+    main([*flags, "--chat-template", "{{ messages[0]['content'] }}Y"])  # the template itself
+    with TestClient(started["app"]) as client:
+        assert client.post("/tokenize", json=body).json()["tokens"] == tok.encode("hiY")
+        assert client.post("/tokenize", json=own).json()["error"]["param"] == "chat_template"  # not trusted now
+        assert "access-control-allow-origin" not in client.options(
+            "/v1/chat/completions", headers={"Origin": "http://a.example", "Access-Control-Request-Method": "POST"}
+        ).headers  # no CORS unless asked
+    with pytest.raises(SystemExit):
+        main([*flags, "--chat-template", str(tmp_path / "missing.jinja")])
+    assert load_chat_template("{{ a }}\\n{{ b }}") == "{{ a }}\n{{ b }}"  # vLLM decodes a template's escapes
+
+
 def test_the_servers_process_never_imports_jax(tmp_path):
     """`jaxspec serve` (the engine in its own process): the server's process answers a request without ever
     importing JAX, so it holds no device and no device memory."""

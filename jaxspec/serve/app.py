@@ -12,6 +12,7 @@ balancers and scrapers, as in vLLM (which also leaves /tokenize, /detokenize and
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import json
 import logging
@@ -20,9 +21,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -30,8 +33,8 @@ from jaxspec.serve import protocol as api
 from jaxspec.serve.beam_serving import beam_search_params, run_beam_search
 from jaxspec.serve.engine_loop import EngineDeadError, EngineLoop, RequestStream
 from jaxspec.serve.metrics import ServerMetrics
-from jaxspec.serve.serving import (APIError, ChatFormat, CompletionFormat, bad_value, chat_inputs, chat_prompts,
-                                   completion_inputs, completion_prompts, engine_inputs)
+from jaxspec.serve.serving import (APIError, ChatFormat, ChatOptions, CompletionFormat, bad_value, chat_inputs,
+                                   chat_prompts, completion_inputs, completion_prompts, engine_inputs)
 
 logger = logging.getLogger("jaxspec.serve")
 
@@ -78,9 +81,13 @@ async def _disconnected(request: Request) -> None:
 
 
 def build_app(engine, served_model_name: str | list[str] | None = None, api_key: str | None = None,
-              model_path: str | None = None) -> FastAPI:
+              model_path: str | None = None, chat_options: ChatOptions = ChatOptions(),
+              log_requests: bool = False, allowed_origins: list[str] | None = None,
+              cors: dict[str, Any] | None = None) -> FastAPI:
     """An app that serves `engine` (an EngineLoop, EngineProcess among them, or an LLM) under `served_model_name`
-    (the first name is the one responses report)."""
+    (the first name is the one responses report). `chat_options`: the chat template settings; `log_requests`:
+    log each request's prompts and sampling params (vLLM's --enable-log-requests); `allowed_origins` (and `cors`:
+    CORSMiddleware's methods, headers, credentials): browsers' cross-origin calls, none unless given."""
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
     names = names or [model_path or "jaxspec"]
     engine = engine if isinstance(engine, EngineLoop) else EngineLoop(engine)
@@ -100,6 +107,8 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
     app.state.metrics = metrics
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if allowed_origins:  # added last, so it runs first: a preflight OPTIONS is answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, **(cors or {}))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -124,6 +133,9 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
         if req.use_beam_search:
             return await beam_search(request, req, request_id, make_prompts, fmt_cls)
         inputs = make_inputs(req, request_id, tokenizer, engine.default_sampling_values)
+        if log_requests:
+            logger.info("request %s: prompt token ids %s, params %s", request_id,
+                        [prompt["prompt_token_ids"] for _, prompt, _ in inputs.requests], inputs.requests[0][2])
         try:
             stream = await engine.submit(inputs.requests, arrival)
         except ValueError as e:
@@ -158,9 +170,13 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
         return await generate(request, req, f"cmpl-{uuid.uuid4().hex}", completion_inputs, completion_prompts,
                               CompletionFormat)
 
+    chat = (functools.partial(chat_inputs, options=chat_options),
+            functools.partial(chat_prompts, options=chat_options),
+            functools.partial(ChatFormat, response_role=chat_options.response_role))
+
     @app.post("/v1/chat/completions")
     async def chat_completions(req: api.ChatCompletionRequest, request: Request) -> Response:
-        return await generate(request, req, f"chatcmpl-{uuid.uuid4().hex}", chat_inputs, chat_prompts, ChatFormat)
+        return await generate(request, req, f"chatcmpl-{uuid.uuid4().hex}", *chat)
 
     @app.post("/tokenize")
     async def tokenize(req: api.TokenizeCompletionRequest | api.TokenizeChatRequest) -> dict:
@@ -169,7 +185,7 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
         if tokenizer is None:
             raise APIError("this model has no tokenizer", param="prompt")
         if isinstance(req, api.TokenizeChatRequest):
-            tokens = chat_prompts(req, tokenizer, req.add_special_tokens)[0][0]
+            tokens = chat_prompts(req, tokenizer, req.add_special_tokens, chat_options)[0][0]
         else:
             tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         strs = tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None

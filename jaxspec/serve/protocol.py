@@ -165,24 +165,24 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
     # a template sent with the request: vLLM refuses it unless the server trusts request templates; so does this one
+    # (jaxspec serve --trust-request-chat-template)
     chat_template: str | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
-        "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
-        "chat_template")
+        "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls")
 
     def engine_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def response_role(self) -> str:
-        """The answer's role, as vLLM's: the assistant's after a generation prompt, else the last message's (the
-        model continues it)."""
-        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+    def response_role(self, generation_role: str = "assistant") -> str:
+        """The answer's role, as vLLM's: `generation_role` (the server's --response-role) after a generation prompt,
+        else the last message's (the model continues it)."""
+        return generation_role if self.add_generation_prompt else self.messages[-1].role
 
-    def echoed_text(self) -> str:
+    def echoed_text(self, generation_role: str = "assistant") -> str:
         """With `echo`, what each answer starts with (vLLM's): the last message's text when the answer continues
         its role, else nothing."""
-        if not self.echo or not self.messages or self.messages[-1].role != self.response_role():
+        if not self.echo or not self.messages or self.messages[-1].role != self.response_role(generation_role):
             return ""
         return self.conversation()[-1]["content"]
 
@@ -336,6 +336,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict | None = None
+    chat_template: str | None = None
     return_token_strs: bool | None = False
 
     def conversation(self) -> list[dict]:

@@ -116,12 +116,27 @@ def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: An
     return engine_inputs(request_id, *completion_prompts(req, tokenizer), params)
 
 
+@dataclass(frozen=True)
+class ChatOptions:
+    """The server's chat settings (vLLM's flags): --chat-template (the model's own when None),
+    --trust-request-chat-template (a request may send its own), --response-role (after a generation prompt)."""
+    template: str | None = None
+    trust_request_template: bool = False
+    response_role: str = "assistant"
+
+
 def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, tokenizer: Any,
-                 add_special_tokens: bool = False) -> tuple[list[list[int]], list[str | None]]:
-    """The conversation through the model's chat template, as token ids (the template writes the special tokens
-    itself, so the tokenizer adds none unless asked)."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise APIError("this model has no chat template: use /v1/completions", param="messages")
+                 add_special_tokens: bool = False,
+                 options: ChatOptions = ChatOptions()) -> tuple[list[list[int]], list[str | None]]:
+    """The conversation through the chat template (the request's, the server's or the model's), as token ids (the
+    template writes the special tokens itself, so the tokenizer adds none unless asked)."""
+    if req.chat_template is not None and not options.trust_request_template:
+        raise APIError("a request's own chat_template is refused unless the server runs with "
+                       "--trust-request-chat-template (as in vLLM)", param="chat_template")
+    template = req.chat_template or options.template
+    if tokenizer is None or not (template or getattr(tokenizer, "chat_template", None)):
+        raise APIError("this model has no chat template: use /v1/completions, or start the server with "
+                       "--chat-template", param="messages")
     if not req.messages:
         raise APIError("messages must not be empty", param="messages")
     try:
@@ -130,7 +145,7 @@ def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, token
         raise APIError(str(e), param="messages") from None
     try:
         text = render_chat(tokenizer, conversation, add_generation_prompt=req.add_generation_prompt,
-                           continue_final_message=req.continue_final_message,
+                           continue_final_message=req.continue_final_message, chat_template=template,
                            chat_template_kwargs=req.chat_template_kwargs)
     except (ValueError, TemplateError) as e:  # contradicting options, or a template that refuses the conversation
         param = next((name for name in ("chat_template_kwargs", "continue_final_message") if name in str(e)),
@@ -139,10 +154,10 @@ def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, token
     return [tokenizer.encode(text, add_special_tokens=add_special_tokens)], [None]
 
 
-def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any,
-                defaults: dict[str, Any]) -> EngineInputs:
+def chat_inputs(req: api.ChatCompletionRequest, request_id: str, tokenizer: Any, defaults: dict[str, Any],
+                options: ChatOptions = ChatOptions()) -> EngineInputs:
     params = sampling_params(req, req.engine_max_tokens(), defaults)
-    return engine_inputs(request_id, *chat_prompts(req, tokenizer), params)
+    return engine_inputs(request_id, *chat_prompts(req, tokenizer, options=options), params)
 
 
 # ---- outputs
@@ -326,9 +341,9 @@ class CompletionFormat(_Format):
 class ChatFormat(_Format):
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, response_role: str = "assistant", **kw):
         super().__init__(*a, **kw)
-        self.role, self.echoed = self.req.response_role(), self.req.echoed_text()
+        self.role, self.echoed = self.req.response_role(response_role), self.req.echoed_text(response_role)
 
     def _logprobs(self, token_ids: list[int], steps: list) -> api.ChatLogprobs:
         content = []
