@@ -206,7 +206,10 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
 
     @app.get("/version")
     async def version() -> dict:
-        return {"version": importlib.metadata.version("jaxspec")}
+        try:
+            return {"version": importlib.metadata.version("jaxspec")}
+        except importlib.metadata.PackageNotFoundError:  # run from a source tree (PYTHONPATH), not installed
+            return {"version": "unknown (not installed)"}
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -78,13 +78,13 @@ def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: 
 class EngineInputs:
     """What one HTTP request hands the engine: (request_id, prompt, params) per prompt; the texts of the prompts
     that came as text (None for token ids), which `echo` repeats."""
-    requests: list[tuple[str, dict, SamplingParams]]
+    requests: list[tuple[str, dict, SamplingParams | None]]  # None: a beam search's, which makes its own
     prompt_lens: list[int]
     prompt_texts: list[str | None] = field(default_factory=list)
 
 
 def engine_inputs(request_id: str, prompt_ids: list[list[int]], texts: list[str | None] | None = None,
-            params: SamplingParams | None = None) -> EngineInputs:
+                  params: SamplingParams | None = None) -> EngineInputs:
     """One engine request per prompt; params None for requests that make their own (beam search)."""
     ids = [request_id] if len(prompt_ids) == 1 else [f"{request_id}-{i}" for i in range(len(prompt_ids))]
     # the engine keeps the last truncate_prompt_tokens tokens (-1: the last max_model_len, which changes only a
