@@ -147,17 +147,40 @@ class EngineArgs:
         return LLM(**self.llm_kwargs())
 
 
+# vLLM options jaxspec takes only at these values (vllm_options)
+REQUIRED: dict[str, tuple] = {
+    "pipeline_parallel_size": (1,), "data_parallel_size": (1,), "cpu_offload_gb": (0, 0.0),
+    "skip_tokenizer_init": (False,), "enable_sleep_mode": (False,), "tokenizer_revision": (None,),
+    "hf_token": (None,), "hf_overrides": (None,), "task": (None, "auto", "generate"),
+    "runner": ("auto", "generate")}
+
+
 def vllm_options(engine_args: dict[str, Any]) -> dict[str, Any]:
     """`LLM`'s keyword arguments with vLLM's options that jaxspec has no setting for taken out, each checked:
     trust_remote_code (no effect: jaxspec reads weights, never code), enforce_eager (True: scanned layers and
     programs compiled on first use, unless layer_loop or warmup say otherwise: vLLM's trade of speed for start-up
     time), enable_chunked_prefill, disable_log_stats, swap_space (no effect: prefill is always chunked, no stats are
     logged, preempted requests are recomputed), quantization (None only), kv_cache_dtype and tokenizer_mode
-    ("auto" only), enable_lora (False only). A value
-    that cannot be honoured is a ValueError naming it, before anything loads."""
+    ("auto" only), enable_lora (False only); and those vLLM scripts pass at their defaults, with nothing to do here:
+    max_seq_len_to_capture, disable_custom_all_reduce, disable_async_output_proc, compilation_config (XLA compiles
+    every shape and runs it as CUDA graphs; collectives are XLA's), distributed_executor_backend (None, "mp" or
+    "uni": one process drives its devices), and, at their defaults only (REQUIRED), pipeline_parallel_size,
+    data_parallel_size, cpu_offload_gb, skip_tokenizer_init, enable_sleep_mode, tokenizer_revision, hf_token
+    (HF_TOKEN applies), hf_overrides, task / runner (generation). A value that cannot be honoured is a
+    ValueError naming it, before anything loads."""
     out = dict(engine_args)
-    for name in ("trust_remote_code", "enable_chunked_prefill", "disable_log_stats", "swap_space"):
+    for name in ("trust_remote_code", "enable_chunked_prefill", "disable_log_stats", "swap_space",
+                 "max_seq_len_to_capture", "disable_custom_all_reduce", "disable_async_output_proc",
+                 "compilation_config"):
         out.pop(name, None)
+    backend = out.pop("distributed_executor_backend", None)
+    if backend not in (None, "mp", "uni"):
+        raise ValueError(f"distributed_executor_backend={backend!r} is not supported: one jaxspec process drives its "
+                         "devices (several hosts: jax.distributed, README 'Several hosts')")
+    for name, allowed in REQUIRED.items():
+        if name in out and out.pop(name) not in allowed:
+            raise ValueError(f"{name}={engine_args[name]!r} is not supported: jaxspec takes only "
+                             f"{' or '.join(map(repr, allowed))}")
     if out.pop("enforce_eager", False):
         if out.get("layer_loop", "auto") == "auto":
             out["layer_loop"] = "scan"

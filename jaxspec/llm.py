@@ -3,6 +3,7 @@ stream them; `llm_engine` is the step machine underneath (add_request / step / a
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -75,6 +76,7 @@ class LLM:
         fetched. compilation_cache_dir: jax's persistent compilation cache (None: ~/.cache/jaxspec/xla; "": off;
         see jaxspec/compile_cache.py)."""
         engine_args = vllm_options(engine_args)
+        _check_known(engine_args)
         compile_cache.configure(compilation_cache_dir)
         path, target_cfg, target_w = loader.load_target(model, load_format, dtype,
                                                         weights_dir=engine_args.pop("download_dir", None),
@@ -94,6 +96,7 @@ class LLM:
         if synthetic_acceptance is not None and (speculative_config is None or load_format != "dummy"):
             raise ValueError("synthetic_acceptance is for load_format='dummy' runs with a speculative_config")
         engine_args = vllm_options(engine_args)
+        _check_known(engine_args)
         engine_args.pop("download_dir", None)  # nothing is fetched
         engine_args.pop("revision", None)
         compile_cache.configure(compilation_cache_dir)
@@ -433,6 +436,15 @@ class LLM:
                     engine.forget(self._owned)
                     self._owned = []
                 self._owner = None
+
+
+def _check_known(engine_args: dict[str, Any]) -> None:
+    """Every engine argument is one `LLM` takes (before the model loads: a misspelt option should not cost a load)."""
+    known = set(inspect.signature(LLM._build).parameters) | {"download_dir", "revision"}
+    unknown = sorted(set(engine_args) - known)
+    if unknown:
+        raise ValueError(f"LLM got arguments it does not know: {unknown} (its arguments: LLM's docstring; vLLM's "
+                         "options without a jaxspec setting: jaxspec.engine_args.vllm_options)")
 
 
 def _vllm_defaults(lora_request: Any, priority: list[int] | None) -> None:

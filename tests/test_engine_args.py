@@ -78,7 +78,15 @@ def test_vllm_options_without_a_jaxspec_setting(model_dir):
         [o.outputs[0].text for o in plain.generate(["abc", "hello"], greedy, use_tqdm=False)]
     assert LLM(str(ckpt), enforce_eager=True, layer_loop="unroll", **base).model_config.layer_loop == "unroll"
     assert LLM(str(ckpt), dtype="half", **base).model_config.dtype == "float16"  # vLLM's spelling
+    # vLLM's at their defaults, or with nothing to do here
+    LLM(str(ckpt), max_seq_len_to_capture=8192, disable_custom_all_reduce=True, disable_async_output_proc=True,
+        distributed_executor_backend="mp", pipeline_parallel_size=1, cpu_offload_gb=0, task="generate",
+        skip_tokenizer_init=False, hf_token=None, **base)
     for bad, match in [({"quantization": "awq"}, "quantization='awq' is not supported"),
+                       ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 is not supported"),
+                       ({"cpu_offload_gb": 4}, "cpu_offload_gb=4 is not supported"),
+                       ({"distributed_executor_backend": "ray"}, "distributed_executor_backend='ray'"),
+                       ({"max_num_seq": 4}, r"does not know: \['max_num_seq'\]"),  # misspelt: before loading
                        ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8' is not supported"),
                        ({"tokenizer_mode": "slow"}, "tokenizer_mode='slow' is not supported"),
                        ({"enable_lora": True}, "enable_lora=True is not supported")]:
