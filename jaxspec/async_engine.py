@@ -21,7 +21,7 @@ from typing import Any
 from jaxspec.engine_args import EngineArgs
 from jaxspec.outputs import RequestOutput
 from jaxspec.sampling_params import SamplingParams
-from jaxspec.serve.engine_loop import EngineLoop
+from jaxspec.serve.engine_loop import EngineDeadError, EngineLoop
 
 AsyncEngineArgs = EngineArgs  # vLLM's name for the same settings
 
@@ -73,6 +73,20 @@ class AsyncLLMEngine:
     @property
     def errored(self) -> bool:
         return self._loop is not None and self._loop.error is not None
+
+    @property
+    def is_stopped(self) -> bool:
+        """The engine stopped on an error (vLLM's: it will run nothing more)."""
+        return self.errored
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        return EngineDeadError(f"the engine has stopped: {None if self._loop is None else self._loop.error}")
+
+    async def check_health(self) -> None:
+        """vLLM's: returns while the engine can run requests, raises `dead_error` once it has stopped on an error."""
+        if self.errored:
+            raise self.dead_error
 
     def shutdown(self) -> None:
         """Abort what runs and stop the engine thread (blocking); the LLM stays usable."""

@@ -9,6 +9,7 @@ need the model (vocabulary ids, `max_logprobs`, tokenizing `bad_words`) run at a
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 import numbers
@@ -174,6 +175,10 @@ class SamplingParams:
             self.allowed_token_ids = _int_list("allowed_token_ids", self.allowed_token_ids, 0, INT32_MAX)
             if not self.allowed_token_ids:
                 raise ValueError("SamplingParams.allowed_token_ids must not be empty (None allows every token)")
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (vLLM's), so that changing one request's params leaves another's alone."""
+        return copy.deepcopy(self)
 
     @property
     def is_greedy(self) -> bool:

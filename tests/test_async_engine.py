@@ -46,7 +46,8 @@ def test_concurrent_generators_match_generate(model):
     got = asyncio.run(main())
     assert [text for text, _ in got] == want
     assert got[3][1] == 1 and got[0][1] > 1  # FINAL_ONLY yields once; CUMULATIVE as tokens come
-    assert engine.is_running and not engine.errored
+    assert engine.is_running and not engine.errored and not engine.is_stopped
+    asyncio.run(engine.check_health())  # vLLM's: returns while the engine can run requests
 
 
 def test_closing_early_and_abort_end_requests(model):
@@ -84,3 +85,16 @@ def test_closing_early_and_abort_end_requests(model):
     assert not llm_engine.has_unfinished_requests()
     metrics = engine.llm.get_metrics()
     assert metrics["num_free_pages"] == metrics["num_pages"] and not llm_engine.in_flight
+
+
+def test_check_health_raises_once_the_engine_died():
+    """vLLM's check_health / dead_error / is_stopped on an engine whose thread stopped on an error."""
+    from types import SimpleNamespace
+
+    from jaxspec.serve.engine_loop import EngineDeadError
+
+    engine = AsyncLLMEngine(llm=None)
+    engine._loop = SimpleNamespace(error=RuntimeError("device lost"), is_healthy=False)
+    assert engine.errored and engine.is_stopped and not engine.is_running
+    with pytest.raises(EngineDeadError, match="device lost"):
+        asyncio.run(engine.check_health())

@@ -49,3 +49,11 @@ def test_vllm_call_options(llm):
     with pytest.raises(ValueError, match="lora_request"):
         llm.beam_search(["abc"], BeamSearchParams(beam_width=2, max_tokens=2), lora_request="adapter")
     assert llm.generate(["abc"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want  # nothing was queued
+
+
+def test_sampling_params_clone_is_deep():
+    p = SamplingParams(stop=["x"], logit_bias={3: 1.0}, seed=2)
+    q = p.clone()
+    q.stop.append("y")
+    q.logit_bias[4] = 2.0
+    assert p == SamplingParams(stop=["x"], logit_bias={3: 1.0}, seed=2) and q.stop == ["x", "y"]
