@@ -324,7 +324,11 @@ BAD_REQUESTS = [  # (path, body, status, param)
     ("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
-                              "tools": [{"type": "function"}]}, 400, "tools"),
+                              "tools": [{"type": "function"}]}, 400, "tool_choice"),  # no --enable-auto-tool-choice
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "tools": [{"type": "function"}], "tool_choice": "required"}, 400, "tool_choice"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                              "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
                               "continue_final_message": True}, 400, "continue_final_message"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
@@ -754,7 +758,7 @@ def test_chat_echo_repeats_the_continued_message(served, stream):
             assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     else:
         r = post(served, "/v1/chat/completions", body).json()
-        assert r["choices"][0]["message"] == {"role": "assistant", "content": want}
+        assert r["choices"][0]["message"] == {"role": "assistant", "content": want, "tool_calls": None}
         r = post(served, "/v1/chat/completions", plain).json()
         assert r["choices"][0]["message"]["content"] == served.chat_reference[0]
 
@@ -947,7 +951,7 @@ def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
              "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16", "--disable-frontend-multiprocessing"]
     main([*flags, "--chat-template", str(template), "--response-role", "bot", "--trust-request-chat-template",
           "--allowed-origins", '["http://a.example"]', "--root-path", "/api", "--enable-log-requests",
-          "--disable-log-requests"])
+          "--disable-log-requests", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
     assert started["root_path"] == "/api"
     tok = started["app"].state.engine.tokenizer
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
@@ -957,6 +961,9 @@ def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
         assert client.post("/tokenize", json=own).json()["tokens"] == tok.encode("hiX")
         r = client.post("/v1/chat/completions", json=body).json()
         assert r["choices"][0]["message"]["role"] == "bot" and r["usage"]["prompt_tokens"] == 3
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        r = client.post("/v1/chat/completions", json={**body, "tools": tools})  # auto: the answer parsed for calls
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
         preflight = {"Origin": "http://a.example", "Access-Control-Request-Method": "POST"}
         r = client.options("/v1/chat/completions", headers=preflight)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://a.example"
@@ -969,6 +976,8 @@ def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
         ).headers  # no CORS unless asked
     with pytest.raises(SystemExit):
         main([*flags, "--chat-template", str(tmp_path / "missing.jinja")])
+    with pytest.raises(SystemExit, match="needs --tool-call-parser"):
+        main([*flags, "--enable-auto-tool-choice"])
     assert load_chat_template("{{ a }}\\n{{ b }}") == "{{ a }}\n{{ b }}"  # vLLM decodes a template's escapes
 
 

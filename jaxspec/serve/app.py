@@ -172,7 +172,8 @@ def build_app(engine, served_model_name: str | list[str] | None = None, api_key:
 
     chat = (functools.partial(chat_inputs, options=chat_options),
             functools.partial(chat_prompts, options=chat_options),
-            functools.partial(ChatFormat, response_role=chat_options.response_role))
+            functools.partial(ChatFormat, response_role=chat_options.response_role,
+                              tool_parser=chat_options.tool_parser))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: api.ChatCompletionRequest, request: Request) -> Response:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from jaxspec.engine_args import EngineArgs
+from jaxspec.serve.tool_parsers import PARSERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a request send its own chat_template (refused by default)")
     s.add_argument("--response-role", default="assistant", help="the role of answers after a generation prompt")
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let requests with tools have the model call them (needs --tool-call-parser)")
+    s.add_argument("--tool-call-parser", choices=sorted(PARSERS),
+                   help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json (JSON)")
     s.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
                    help="log each request's prompt token ids and sampling params")
     s.add_argument("--disable-log-requests", action="store_true", help="accepted (the default)")
@@ -86,7 +91,10 @@ def run(args: argparse.Namespace) -> None:
         engine = build_engine(args)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"jaxspec serve: error: {exc}") from None
-    chat = ChatOptions(args.chat_template, args.trust_request_chat_template, args.response_role)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("jaxspec serve: error: --enable-auto-tool-choice needs --tool-call-parser")
+    parser = args.tool_call_parser if args.enable_auto_tool_choice else None
+    chat = ChatOptions(args.chat_template, args.trust_request_chat_template, args.response_role, parser)
     cors = dict(allow_methods=args.allowed_methods, allow_headers=args.allowed_headers,
                 allow_credentials=args.allow_credentials)
     app = build_app(engine, served_model_name=args.served_model_name or [args.model], api_key=api_key,

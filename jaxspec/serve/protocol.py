@@ -3,13 +3,14 @@
 Sampling fields are mapped to `SamplingParams` by name (`sampling_values`): a field the request sets to anything
 but its default is passed on when `SamplingParams` has a field of that name, and rejected with a 400 naming it
 when it has not, so a sampling option starts working here the day `SamplingParams` learns it. Fields of
-features this server does not implement at all (`UNSUPPORTED`: tools, suffix, ...) are rejected the same way.
+features this server does not implement at all (`UNSUPPORTED`: response_format, suffix, ...) are rejected the same way.
 Fields the API does not know are ignored with a warning, as vLLM does.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from typing import Any, ClassVar, Literal
 
@@ -169,7 +170,15 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template: str | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
-        "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls")
+        "functions", "function_call", "response_format")
+
+    def tool_choice_mode(self) -> str:
+        """vLLM's: "none" (no tools, or told not to call them), "auto" (tools given, tool_choice unset or "auto"),
+        or what else the request asked for ("required", a named function: not served)."""
+        choice = self.tool_choice
+        if choice is None:
+            return "auto" if self.tools else "none"
+        return choice if isinstance(choice, str) else "named"
 
     def engine_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -207,8 +216,26 @@ def conversation(messages: list[ChatMessage]) -> list[dict]:
                     raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported, got "
                                      f"type {part.type!r}")
             content = "".join(part.text for part in content)
-        out.append({"role": m.role, "content": content})
+        msg = {"role": m.role, "content": content}
+        extra = m.model_extra or {}
+        if m.name is not None:
+            msg["name"] = m.name
+        if extra.get("tool_call_id") is not None:  # a tool's answer
+            msg["tool_call_id"] = extra["tool_call_id"]
+        if extra.get("tool_calls"):  # an assistant's calls; arguments as objects, which templates render (vLLM's)
+            msg["tool_calls"] = [_template_call(c) for c in extra["tool_calls"]]
+        out.append(msg)
     return out
+
+
+def _template_call(call: dict) -> dict:
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass  # left as the text the client sent
+    return {**call, "function": function}
 
 
 # ---- responses
@@ -275,6 +302,7 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[dict] | None = None  # {"id", "type": "function", "function": {"name", "arguments"}}
 
 
 class ChatChoice(BaseModel):
@@ -301,6 +329,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict] | None = None  # as the message's, each with its "index"
 
 
 class ChatStreamChoice(BaseModel):
@@ -337,6 +366,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     add_special_tokens: bool = False
     chat_template_kwargs: dict | None = None
     chat_template: str | None = None
+    tools: list[dict] | None = None
     return_token_strs: bool | None = False
 
     def conversation(self) -> list[dict]:

@@ -26,6 +26,7 @@ from jinja2 import TemplateError
 from jaxspec.chat import render_chat
 from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 from jaxspec.serve import protocol as api
+from jaxspec.serve.tool_parsers import PARSERS, StreamSplitter, ToolCall
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                500: "InternalServerError", 503: "ServiceUnavailableError"}
@@ -119,10 +120,26 @@ def completion_inputs(req: api.CompletionRequest, request_id: str, tokenizer: An
 @dataclass(frozen=True)
 class ChatOptions:
     """The server's chat settings (vLLM's flags): --chat-template (the model's own when None),
-    --trust-request-chat-template (a request may send its own), --response-role (after a generation prompt)."""
+    --trust-request-chat-template (a request may send its own), --response-role (after a generation prompt),
+    --tool-call-parser with --enable-auto-tool-choice (None: requests with tools to call are refused)."""
     template: str | None = None
     trust_request_template: bool = False
     response_role: str = "assistant"
+    tool_parser: str | None = None
+
+
+def _check_tool_choice(req: api.ChatCompletionRequest, options: ChatOptions) -> None:
+    mode = req.tool_choice_mode()
+    if mode == "none":
+        return
+    if not req.tools:
+        raise APIError("tool_choice needs tools", param="tool_choice")
+    if mode != "auto":
+        raise APIError(f"tool_choice {req.tool_choice!r} is not supported: it needs structured outputs; use 'auto' "
+                       "or 'none'", param="tool_choice")
+    if options.tool_parser is None:
+        raise APIError('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set (as '
+                       "in vLLM)", param="tool_choice")
 
 
 def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, tokenizer: Any,
@@ -130,6 +147,8 @@ def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, token
                  options: ChatOptions = ChatOptions()) -> tuple[list[list[int]], list[str | None]]:
     """The conversation through the chat template (the request's, the server's or the model's), as token ids (the
     template writes the special tokens itself, so the tokenizer adds none unless asked)."""
+    if isinstance(req, api.ChatCompletionRequest):
+        _check_tool_choice(req, options)
     if req.chat_template is not None and not options.trust_request_template:
         raise APIError("a request's own chat_template is refused unless the server runs with "
                        "--trust-request-chat-template (as in vLLM)", param="chat_template")
@@ -146,7 +165,7 @@ def chat_prompts(req: api.ChatCompletionRequest | api.TokenizeChatRequest, token
     try:
         text = render_chat(tokenizer, conversation, add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message, chat_template=template,
-                           chat_template_kwargs=req.chat_template_kwargs)
+                           tools=req.tools, chat_template_kwargs=req.chat_template_kwargs)
     except (ValueError, TemplateError) as e:  # contradicting options, or a template that refuses the conversation
         param = next((name for name in ("chat_template_kwargs", "continue_final_message") if name in str(e)),
                      "messages")
@@ -341,9 +360,13 @@ class CompletionFormat(_Format):
 class ChatFormat(_Format):
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *a, response_role: str = "assistant", **kw):
+    def __init__(self, *a, response_role: str = "assistant", tool_parser: str | None = None, **kw):
         super().__init__(*a, **kw)
         self.role, self.echoed = self.req.response_role(response_role), self.req.echoed_text(response_role)
+        # the answers are parsed for tool calls when the request lets the model call its tools
+        auto = tool_parser is not None and self.req.tools and self.req.tool_choice_mode() == "auto"
+        self.parser = PARSERS[tool_parser]() if auto else None
+        self.splitters: dict[int, StreamSplitter] = {}
 
     def _logprobs(self, token_ids: list[int], steps: list) -> api.ChatLogprobs:
         content = []
@@ -355,6 +378,9 @@ class ChatFormat(_Format):
                                                 bytes=list(text.encode()), top_logprobs=tops))
         return api.ChatLogprobs(content=content)
 
+    def _calls(self, calls: list[ToolCall]) -> list[ToolCall]:
+        return calls if self.req.parallel_tool_calls is not False else calls[:1]  # vLLM: the first only
+
     def _chunks(self, index: int, comp, choice: _Choice) -> list[str]:
         events = []
         if not choice.started:  # as OpenAI and vLLM: a choice's first chunk has the role and no text
@@ -364,19 +390,40 @@ class ChatFormat(_Format):
             if self.echoed:  # then, with echo, the text the answer continues (vLLM's echo chunk)
                 events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(self.echoed)}}},'
                                              '"logprobs":null,"finish_reason":null}'))
-        if comp.text or comp.finish_reason or comp.logprobs:
+        text, finish, calls = comp.text, comp.finish_reason, []
+        if self.parser is not None:  # text that may be a tool call is held until the answer ends
+            splitter = self.splitters.setdefault(index, StreamSplitter(self.parser))
+            text = splitter.feed(comp.text)
+            if finish is not None:
+                held, calls = splitter.finish()
+                text += held
+        if text or finish or comp.logprobs:
             logprobs = self._logprobs(comp.token_ids, comp.logprobs).model_dump_json() if comp.logprobs else "null"
-            events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(comp.text)}}},"logprobs":'
-                                         f'{logprobs},"finish_reason":{_js(comp.finish_reason)},"stop_reason":'
+            end = "null" if calls else _js(finish)
+            events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(text)}}},"logprobs":'
+                                         f'{logprobs},"finish_reason":{end},"stop_reason":'
+                                         f'{"null" if calls else _js(comp.stop_reason)}}}'))
+        if calls:  # each call whole in one delta (a client joins the argument pieces it gets; here there is one)
+            deltas = [{"index": i, **call.as_dict()} for i, call in enumerate(self._calls(calls))]
+            events.append(self._envelope(f'{{"index":{index},"delta":{{"tool_calls":{_json(deltas)}}},'
+                                         '"logprobs":null,"finish_reason":"tool_calls","stop_reason":'
                                          f'{_js(comp.stop_reason)}}}'))
         return events
 
+    def _message(self, text: str, finish: str | None) -> tuple[api.ChatResponseMessage, str | None]:
+        if self.parser is not None:
+            content, calls = self.parser.parse(text)
+            if calls:
+                return api.ChatResponseMessage(role=self.role, content=content, tool_calls=[
+                    c.as_dict() for c in self._calls(calls)]), "tool_calls"
+        return api.ChatResponseMessage(role=self.role, content=self.echoed + text), finish
+
     def response(self) -> dict:
-        choices = [api.ChatChoice(
-            index=i, message=api.ChatResponseMessage(role=self.role, content=self.echoed + "".join(c.text)),
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-            logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs else None)
-            for i, c in sorted(self.choices.items())]
+        choices = []
+        for i, c in sorted(self.choices.items()):
+            message, finish = self._message("".join(c.text), c.finish_reason)
+            choices.append(api.ChatChoice(index=i, message=message, finish_reason=finish, stop_reason=c.stop_reason,
+                                          logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs else None))
         return api.ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                           choices=choices, usage=self.usage(),
                                           prompt_logprobs=self._prompt_logprobs(0)).model_dump()

@@ -1,0 +1,124 @@
+"""Tool calls in a model's text (vLLM's --tool-call-parser): the OpenAI `tool_calls` an answer makes, and the text
+around them.
+
+    hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen); the text before the
+                 first block is the message's content
+    llama3_json  the answer is one JSON object {"name": ..., "parameters" | "arguments": {...}}, or several joined
+                 by "; ", optionally after <|python_tag|> (Llama 3.1 / 3.2 with JSON tool calling)
+
+A text that does not parse is plain content, as in vLLM. Streaming: `StreamSplitter` passes text through until a
+call may have started (holding back a possible start marker), then holds the rest until the answer ends, when
+`parse` decides: the calls as one delta each, or the held text as content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI's API carries it
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _call(obj: dict, args_key: tuple[str, ...]) -> ToolCall:
+    args = next(obj[k] for k in args_key if k in obj)
+    return ToolCall(str(obj["name"]), args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+class HermesParser:
+    start = "<tool_call>"
+    _blocks = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+    def starts_call(self, text: str) -> int:
+        """Where a call starts in `text` (-1: none yet)."""
+        return text.find(self.start)
+
+    def may_start(self, tail: str) -> bool:
+        """Whether `tail` (the end of the text so far) could be the beginning of a call's start."""
+        return self.start.startswith(tail)
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls); no calls when there are none or they do not parse."""
+        at = text.find(self.start)
+        if at < 0:
+            return text, []
+        try:
+            calls = [_call(json.loads(a or b), ("arguments",)) for a, b in self._blocks.findall(text)]
+        except (ValueError, KeyError, TypeError, StopIteration):
+            return text, []
+        return text[:at] or None, calls
+
+
+class Llama3JsonParser:
+    bot = "<|python_tag|>"
+
+    def starts_call(self, text: str) -> int:
+        return 0 if text.startswith(self.bot) or text.startswith("{") else -1
+
+    def may_start(self, tail: str) -> bool:
+        return self.bot.startswith(tail)
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        if self.starts_call(text) < 0:
+            return text, []
+        decoder, calls = json.JSONDecoder(), []
+        at = len(self.bot) if text.startswith(self.bot) else 0
+        try:
+            while at < len(text):
+                obj, end = decoder.raw_decode(text[at:])
+                calls.append(_call(obj, ("arguments", "parameters")))
+                at += end + len("; ")
+        except (ValueError, KeyError, TypeError, StopIteration):
+            return text, []
+        return None, calls
+
+
+PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+
+
+class StreamSplitter:
+    """One streamed choice's text: what can go out as content now, and what is held as a possible tool call."""
+
+    def __init__(self, parser):
+        self.parser = parser
+        self.text = ""  # everything so far
+        self.sent = 0  # characters sent as content
+        self.calling = False  # a call has started: nothing more goes out before the end
+
+    def feed(self, delta: str) -> str:
+        """The content that can go out after `delta` arrives."""
+        self.text += delta
+        if self.calling:
+            return ""
+        at = self.parser.starts_call(self.text)
+        if at >= 0 and at >= self.sent:
+            self.calling = True
+            return self._send(at)
+        keep = next((k for k in range(min(len(self.text) - self.sent, 32), 0, -1)
+                     if self.parser.may_start(self.text[-k:])), 0)
+        return self._send(len(self.text) - keep)
+
+    def _send(self, upto: int) -> str:
+        out, self.sent = self.text[self.sent:upto], max(self.sent, upto)
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """At the answer's end: (the held content still to send, the calls)."""
+        content, calls = self.parser.parse(self.text)
+        if calls:
+            held = (content or "")[self.sent:]
+            self.sent = len(self.text)
+            return held, calls
+        return self._send(len(self.text)), []
