@@ -330,20 +330,20 @@ class LLM:
                 concurrency_limit, int) or concurrency_limit < 1):
             raise ValueError(f"concurrency_limit must be a positive integer or None, got {concurrency_limit!r}")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        processor, ids = self.llm_engine.input_processor, []
+        processor, ids, max_len = self.llm_engine.input_processor, [], self.engine_config.max_model_len
         for i, prompt in enumerate(prompts):
             try:
                 ids.append(processor.tokenize(prompt)[1])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-            if len(ids[-1]) >= self.engine_config.max_model_len:
-                raise ValueError(f"prompt {i} has {len(ids[-1])} tokens, but max_model_len={self.engine_config.max_model_len} "
-                                 "leaves no room to generate")
+            if len(ids[-1]) >= max_len:
+                raise ValueError(f"prompt {i} has {len(ids[-1])} tokens, but max_model_len={max_len} leaves no room "
+                                 "to generate")
         limit = concurrency_limit or max(len(ids), 1)
         decode = None if self.tokenizer is None else self.tokenizer.decode
         outputs: list[BeamSearchOutput] = []
         for start in range(0, len(ids), limit):
-            search = BeamSearch(ids[start:start + limit], params, processor.eos_token_ids, self.engine_config.max_model_len)
+            search = BeamSearch(ids[start:start + limit], params, processor.eos_token_ids, max_len)
             step_params = search.step_params()
             bar = tqdm(total=params.max_tokens, desc="Beam search", unit="token") if use_tqdm else None
             while not search.done():

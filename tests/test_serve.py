@@ -948,7 +948,8 @@ def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
     started = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(kw, app=app))
     flags = ["serve", str(path), "--max-model-len", "64", "--max-num-seqs", "2", "--max-num-batched-tokens", "16",
-             "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16", "--disable-frontend-multiprocessing"]
+             "--block-size", "8", "--decode-buckets", "2", "--prefill-buckets", "16",
+             "--disable-frontend-multiprocessing"]
     main([*flags, "--chat-template", str(template), "--response-role", "bot", "--trust-request-chat-template",
           "--allowed-origins", '["http://a.example"]', "--root-path", "/api", "--enable-log-requests",
           "--disable-log-requests", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
