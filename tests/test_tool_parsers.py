@@ -11,18 +11,19 @@ import pytest
 from jaxspec import CompletionOutput, RequestOutput
 from jaxspec.serve import protocol as api
 from jaxspec.serve.serving import ChatFormat, EngineInputs
-from jaxspec.serve.tool_parsers import HermesParser, Llama3JsonParser, StreamSplitter
+from jaxspec.serve.tool_parsers import HermesParser, Llama3JsonParser, PythonicParser, StreamSplitter
 
 WEATHER = {"city": "Paris", "unit": "°C"}
 HERMES = ('Let me check. <tool_call>\n{"name": "weather", "arguments": ' + json.dumps(WEATHER) + '}\n</tool_call>'
           '<tool_call>{"name": "time", "arguments": {}}</tool_call>')
 LLAMA = '{"name": "weather", "parameters": ' + json.dumps(WEATHER) + '}; {"name": "time", "parameters": {}}'
+PYTHONIC = '[weather(city="Paris", unit="°C"), time()]'
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("weather", "time")]
 
 
 @pytest.mark.parametrize("parser,text,content", [
     (HermesParser(), HERMES, "Let me check. "), (Llama3JsonParser(), LLAMA, None),
-    (Llama3JsonParser(), "<|python_tag|>" + LLAMA, None)])
+    (Llama3JsonParser(), "<|python_tag|>" + LLAMA, None), (PythonicParser(), PYTHONIC, None)])
 def test_calls_are_parsed(parser, text, content):
     got_content, calls = parser.parse(text)
     assert got_content == content
@@ -34,7 +35,10 @@ def test_calls_are_parsed(parser, text, content):
     (HermesParser(), "no calls here"), (HermesParser(), "<tool_call>{not json}</tool_call>"),
     (HermesParser(), '<tool_call>{"arguments": {}}</tool_call>'),  # no name
     (Llama3JsonParser(), "The answer is {x}."), (Llama3JsonParser(), '{"name": "weather"'),
-    (Llama3JsonParser(), ' {"name": "a", "parameters": {}}')])  # vLLM's rule: the answer starts with the call
+    (Llama3JsonParser(), ' {"name": "a", "parameters": {}}'),  # vLLM's rule: the answer starts with the call
+    (PythonicParser(), "[1, 2, 3] are numbers"), (PythonicParser(), "[f(x)]"),  # positional: not a tool call
+    (PythonicParser(), "[f(a=__import__('os').system('x'))]"),  # only literals; nothing is ever run
+    (PythonicParser(), "[f(**k)]"), (PythonicParser(), "[]"), (PythonicParser(), "[" * 100_000)])
 def test_what_does_not_parse_is_content(parser, text):
     assert parser.parse(text) == (text, [])
 
@@ -42,7 +46,7 @@ def test_what_does_not_parse_is_content(parser, text):
 @pytest.mark.parametrize("parser,text", [
     (HermesParser(), HERMES), (Llama3JsonParser(), LLAMA), (HermesParser(), "a <tool> b <tool_c"),
     (Llama3JsonParser(), "<|python_tag|>" + LLAMA), (Llama3JsonParser(), "<|pyt and not a call"),
-    (HermesParser(), "<tool_call>{broken")])
+    (HermesParser(), "<tool_call>{broken"), (PythonicParser(), PYTHONIC), (PythonicParser(), "[not a call")])
 def test_streaming_holds_a_call_back_at_every_split(parser, text):
     """Whatever the deltas, the content sent is the parse's content (all the text when nothing parses), never a
     piece of a call, and the calls come at the end."""
@@ -113,3 +117,9 @@ def test_tool_messages_reach_the_template():
     assert conv[2] == {"role": "tool", "content": "sunny", "name": "weather", "tool_call_id": "c1"}
     assert req.tool_choice_mode() == "auto"
     assert api.ChatCompletionRequest(messages=conv[:1], tools=TOOLS, tool_choice="none").tool_choice_mode() == "none"
+
+
+def test_pythonic_arguments_are_literals():
+    (call,) = PythonicParser().parse('[search(query="a b", limit=3, exact=True, tags=["x", "y"], opts={"k": None})]')[1]
+    assert call.name == "search" and json.loads(call.arguments) == {
+        "query": "a b", "limit": 3, "exact": True, "tags": ["x", "y"], "opts": {"k": None}}

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="let requests with tools have the model call them (needs --tool-call-parser)")
     s.add_argument("--tool-call-parser", choices=sorted(PARSERS),
-                   help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json (JSON)")
+                   help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json (JSON), "
+                        "pythonic ([f(a=1)])")
     s.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
                    help="log each request's prompt token ids and sampling params")
     s.add_argument("--disable-log-requests", action="store_true", help="accepted (the default)")

@@ -5,6 +5,9 @@ around them.
                  first block is the message's content
     llama3_json  the answer is one JSON object {"name": ..., "parameters" | "arguments": {...}}, or several joined
                  by "; ", optionally after <|python_tag|> (Llama 3.1 / 3.2 with JSON tool calling)
+    pythonic     the answer is a Python list of calls with keyword arguments of literal values,
+                 [get_weather(city="Paris"), now()] (Llama 3.2 with the pythonic template); read with `ast`, never
+                 run
 
 A text that does not parse is plain content, as in vLLM. Streaming: `StreamSplitter` passes text through until a
 call may have started (holding back a possible start marker), then holds the rest until the answer ends, when
@@ -13,6 +16,7 @@ call may have started (holding back a possible start marker), then holds the res
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -85,7 +89,45 @@ class Llama3JsonParser:
         return None, calls
 
 
-PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+class PythonicParser:
+    def starts_call(self, text: str) -> int:
+        return 0 if text.startswith("[") else -1
+
+    def may_start(self, tail: str) -> bool:
+        return False
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        if self.starts_call(text) < 0:
+            return text, []
+        try:
+            tree = ast.parse(text.strip(), mode="eval").body
+            if not isinstance(tree, ast.List) or not tree.elts:
+                return text, []
+            calls = [self._call(node) for node in tree.elts]
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # (nesting deeper than the parser goes)
+            return text, []
+        return None, calls
+
+    def _call(self, node: ast.expr) -> ToolCall:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            raise ValueError("not a call of a name with keyword arguments")
+        args = {k.arg: self._value(k.value) for k in node.keywords}
+        if None in args:
+            raise ValueError("**kwargs")
+        return ToolCall(node.func.id, json.dumps(args, ensure_ascii=False))
+
+    def _value(self, node: ast.expr):
+        """A literal (constants, lists, dicts of them, as vLLM's parser reads them), or ValueError."""
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.List):
+            return [self._value(v) for v in node.elts]
+        if isinstance(node, ast.Dict) and None not in node.keys:
+            return {self._value(k): self._value(v) for k, v in zip(node.keys, node.values)}
+        raise ValueError(f"not a literal: {ast.dump(node)[:60]}")
+
+
+PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "pythonic": PythonicParser}
 
 
 class StreamSplitter:
