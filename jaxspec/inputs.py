@@ -18,4 +18,4 @@ class TokensPrompt(TypedDict):
 
 
 PromptType = Union[str, list[int], TextPrompt, TokensPrompt]
-PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
+PROMPT_KEYS = frozenset(TextPrompt.__annotations__) | frozenset(TokensPrompt.__annotations__)

@@ -150,6 +150,13 @@ def post(served, path: str, body: dict, key: str | None = API_KEY, timeout: floa
     return httpx.post(served.url + path, json=body, headers=headers, timeout=timeout)
 
 
+def stream_events(served, body: dict, timeout: float = 30) -> list[str]:
+    """The data of each server-sent event of a streamed completion, [DONE] included."""
+    with httpx.stream("POST", served.url + "/v1/completions", json=body | {"stream": True}, timeout=timeout,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
 # ---- the OpenAI API with the openai client
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -667,10 +674,7 @@ def completion_logprobs(served, body: dict, stream: bool) -> tuple[str, dict, di
     if not stream:
         choice = post(served, "/v1/completions", body).json()["choices"][0]
         return choice["text"], choice["logprobs"], choice
-    with httpx.stream("POST", served.url + "/v1/completions", json=body | {"stream": True}, timeout=30,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    choices = [e["choices"][0] for e in events]
+    choices = [json.loads(e)["choices"][0] for e in stream_events(served, body) if e.startswith("{")]
     joined = {key: [v for c in choices if c["logprobs"] for v in c["logprobs"][key]]
               for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
     return "".join(c["text"] for c in choices), joined, choices[-1]
@@ -721,9 +725,7 @@ def completion_texts(served, body: dict) -> dict[int, str]:
     """Each choice's whole text, streamed (chunks joined by index) or not."""
     if not body.get("stream"):
         return {c["index"]: c["text"] for c in post(served, "/v1/completions", body).json()["choices"]}
-    with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=30,
-                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
-        chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(e)["choices"][0] for e in stream_events(served, body) if e.startswith("{")]
     return {i: "".join(c["text"] for c in chunks if c["index"] == i) for i in sorted({c["index"] for c in chunks})}
 
 
@@ -772,9 +774,7 @@ def test_use_beam_search_equals_llm_beam_search(served, stream):
     body = {"model": MODEL, "prompt": PROMPTS[:2], "max_tokens": MAX_TOKENS, "temperature": 0, "n": 3,
             "use_beam_search": True, "logprobs": 1}
     if stream:
-        with httpx.stream("POST", served.url + "/v1/completions", json=body | {"stream": True}, timeout=60,
-                          headers={"Authorization": f"Bearer {API_KEY}"}) as r:
-            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        events = stream_events(served, body, timeout=60)
         assert len(events) == 2 and events[1] == "[DONE]"
         response = json.loads(events[0])
     else:

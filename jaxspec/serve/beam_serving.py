@@ -18,14 +18,13 @@ from jaxspec.beam_search import BeamSearch
 from jaxspec.outputs import CompletionOutput, RequestOutput
 from jaxspec.sampling_params import BeamSearchParams, RequestOutputKind
 from jaxspec.serve import protocol as api
-from jaxspec.serve.serving import APIError, EngineInputs, bad_value
+from jaxspec.serve.serving import APIError, EngineInputs, bad_value, refuse_unsupported
 
 
 def beam_search_params(req: api.SamplingRequest, max_tokens: int | None, prompt_lens: list[int],
                        max_model_len: int, max_logprobs: int, defaults: dict[str, Any]) -> BeamSearchParams:
     """The request's beam settings (vLLM's mapping); a 400 naming the field that cannot be served."""
-    for name in req.unsupported_fields():
-        raise APIError(f"{name!r} is not supported by this server", param=name)
+    refuse_unsupported(req)
     if 2 * req.n > max_logprobs:
         raise APIError(f"use_beam_search with n={req.n} asks each step for {2 * req.n} logprobs, more than the "
                        f"server's max_logprobs={max_logprobs}", param="n")
@@ -64,7 +63,7 @@ async def run_beam_search(engine, request_id: str, inputs: EngineInputs, params:
         finally:
             stream.close()
         search.advance([logprobs[rid][0] for rid in ids])
-    wants_logprobs = bool(getattr(req, "logprobs", None) is not None and req.logprobs is not False)
+    wants_logprobs = req.logprobs is not None and req.logprobs is not False  # (completions: 0 asks for them)
     outputs = []
     for (rid, _, _), prompt, result in zip(inputs.requests, prompts, search.outputs(None)):
         completions = []

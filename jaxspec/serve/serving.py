@@ -54,12 +54,17 @@ def bad_value(error: ValueError) -> APIError:
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
+def refuse_unsupported(req: api.SamplingRequest) -> None:
+    """A 400 naming the first field whose feature this server does not implement."""
+    for name in req.unsupported_fields():
+        raise APIError(f"{name!r} is not supported by this server", param=name)
+
+
 def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: dict[str, Any]) -> SamplingParams:
     """The request's SamplingParams over the model's sampling defaults (`LLM.default_sampling_values`: the unset
     fields take them, and their max_tokens caps the request's, as in vLLM); a 400 naming the first field this
     server cannot honour."""
-    for name in req.unsupported_fields():
-        raise APIError(f"{name!r} is not supported by this server", param=name)
+    refuse_unsupported(req)
     # the sampling fields a request leaves unset (None) take the model's default (all are request fields)
     values = {name: v for name, v in defaults.items() if name != "max_tokens" and getattr(req, name) is None}
     values |= req.sampling_values()
