@@ -794,6 +794,15 @@ def test_use_beam_search_equals_llm_beam_search(served, stream):
                                                  "temperature": 0, "use_beam_search": True}, timeout=60).json()
     assert [c["index"] for c in chat["choices"]] == [0, 1] and chat["choices"][0]["logprobs"] is None
     assert len({c["message"]["content"] for c in chat["choices"]}) == 2  # two different beams
+    echoed = post(served, "/v1/chat/completions", {"model": MODEL, "messages": CONTINUED, "max_tokens": 4, "n": 2,
+                                                   "temperature": 0, "use_beam_search": True, "echo": True,
+                                                   "add_generation_prompt": False, "continue_final_message": True},
+                  timeout=60)
+    assert echoed.status_code == 200, echoed.text  # (refused before: a chat request's logprobs False read as asked)
+    assert all(c["message"]["content"].startswith(CONTINUED[-1]["content"]) for c in echoed.json()["choices"])
+    refused = post(served, "/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 2, "n": 2,
+                                               "use_beam_search": True, "echo": True, "logprobs": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
     wait_until_idle(served.url)
 
 

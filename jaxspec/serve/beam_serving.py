@@ -28,7 +28,7 @@ def beam_search_params(req: api.SamplingRequest, max_tokens: int | None, prompt_
     if 2 * req.n > max_logprobs:
         raise APIError(f"use_beam_search with n={req.n} asks each step for {2 * req.n} logprobs, more than the "
                        f"server's max_logprobs={max_logprobs}", param="n")
-    if getattr(req, "echo", False) and getattr(req, "logprobs", None) is not None:
+    if isinstance(req, api.CompletionRequest) and req.echo and req.logprobs is not None:  # (no prompt logprobs)
         raise APIError("echo with logprobs is not supported with use_beam_search", param="echo")
     if max_tokens is None:  # up to the context (each prompt's beams stop at max_model_len)
         max_tokens = max(max_model_len - min(prompt_lens), 1)
