@@ -104,11 +104,17 @@ class EngineConfig:
     num_scheduler_steps: int = 1
     # vLLM's automatic prefix caching (on by default there too): full prompt pages reused across requests
     enable_prefix_caching: bool = True
+    # structured outputs: the device pool of constraint automata (engine/grammar.py), in states and transitions;
+    # grammar_transitions 0: max_states * vocab_size / 4, at most 2**23 (a JSON object automaton on a 49k vocabulary
+    # has 1,623 states and 3.3 M transitions; the pool takes 4 * (vocab / 32 + 3) bytes a state, 8 a transition)
+    grammar_states: int = 4096
+    grammar_transitions: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size",
-                     "num_pages", "max_logprobs", "num_scheduler_steps"):
-            value, lo = getattr(self, name), 0 if name in ("num_pages", "max_logprobs") else 1
+                     "num_pages", "max_logprobs", "num_scheduler_steps", "grammar_states", "grammar_transitions"):
+            value, lo = getattr(self, name), 0 if name in ("num_pages", "max_logprobs", "grammar_states",
+                                                            "grammar_transitions") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
         for name in ("decode_buckets", "prefill_buckets"):
@@ -130,6 +136,9 @@ class EngineConfig:
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:
             raise ValueError(f"prefill_buckets {self.prefill_buckets} must reach max_num_batched_tokens="
                              f"{self.max_num_batched_tokens}")
+
+    def grammar_max_transitions(self, vocab_size: int) -> int:
+        return self.grammar_transitions or min(2**23, self.grammar_states * vocab_size // 4)
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -58,6 +58,7 @@ class EngineArgs:
     enable_prefix_caching: bool | None = None  # None: on (vLLM's default)
     generation_config: str = "auto"  # the model's sampling defaults: "auto", "vllm" (none) or a directory
     override_generation_config: dict | None = None
+    structured_outputs_config: dict | None = None  # jaxspec.structured_output.StructuredOutputsConfig's fields
     # vLLM options with nothing (or one thing) to do here; `vllm_options` says what each does
     trust_remote_code: bool = False
     enforce_eager: bool = False
@@ -109,6 +110,9 @@ class EngineArgs:
                             "directory holding a generation_config.json")
         e.add_argument("--override-generation-config", type=_json_dict,
                        help='JSON applied over the generation config, e.g. {"temperature": 0.5}')
+        e.add_argument("--structured-outputs-config", type=_json_dict,
+                       help='JSON, e.g. {"backend": "auto", "disable_any_whitespace": true, "max_states": 4096} '
+                            "(the device pool of constraint automata: max_states, max_transitions)")
         e.add_argument("--trust-remote-code", action="store_true", help="accepted; jaxspec never runs model code")
         e.add_argument("--enforce-eager", action="store_true",
                        help="start fast: scanned layers, programs compiled on first use")

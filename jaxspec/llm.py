@@ -33,6 +33,7 @@ from jaxspec.models import attention, eagle, llama
 from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
 from jaxspec.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from jaxspec.structured_output import StructuredOutputsConfig
 from jaxspec.tokenizer import eos_token_ids, load_tokenizer
 
 logger = logging.getLogger("jaxspec")
@@ -70,7 +71,8 @@ class LLM:
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, num_scheduler_steps=1 (decode steps
         per dispatch while nothing waits or prefills: multi-step decoding), enable_prefix_caching=True (vLLM's
         automatic prefix caching, jaxspec.engine.block_manager), generation_config="auto" and
-        override_generation_config (the model's sampling defaults, jaxspec.generation_config), kernel_config
+        override_generation_config (the model's sampling defaults, jaxspec.generation_config),
+        structured_outputs_config (jaxspec.structured_output.StructuredOutputsConfig), kernel_config
         (KernelConfig; default: its defaults with JAXSPEC_* environment overrides); vLLM's options without a
         jaxspec setting are taken as `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is
         fetched. compilation_cache_dir: jax's persistent compilation cache (None: ~/.cache/jaxspec/xla; "": off;
@@ -118,11 +120,13 @@ class LLM:
                draft_tensor_parallel_size: int | None = None, max_logprobs: int = 20,
                kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1,
                enable_prefix_caching: bool | None = None,
-               generation_config: str = "auto", override_generation_config: dict | None = None) -> None:
+               generation_config: str = "auto", override_generation_config: dict | None = None,
+               structured_outputs_config: dict | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         self.default_sampling_values = default_sampling_values(tokenizer_dir, generation_config,
                                                                override_generation_config)
         spec = SpeculativeConfig.parse(speculative_config)
+        structured = StructuredOutputsConfig.parse(structured_outputs_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
         page_size = _either("page_size", page_size, "block_size", block_size, 16)
         num_pages = _either("num_pages", num_pages, "num_gpu_blocks_override", num_gpu_blocks_override, 0)
@@ -153,7 +157,8 @@ class LLM:
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
                            max_logprobs=max_logprobs, speculative=spec, decode_buckets=decode_buckets or [],
                            prefill_buckets=prefill_buckets or [], num_scheduler_steps=num_scheduler_steps,
-                           enable_prefix_caching=True if enable_prefix_caching is None else enable_prefix_caching)
+                           enable_prefix_caching=True if enable_prefix_caching is None else enable_prefix_caching,
+                           grammar_states=structured.max_states, grammar_transitions=structured.max_transitions)
         cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, kv_cache_memory_bytes)
         if cfg.num_pages < cfg.pages_per_seq:
             raise ValueError(f"num_pages={cfg.num_pages} cannot hold one sequence of max_model_len="
@@ -173,7 +178,8 @@ class LLM:
             logger.info("step times (ms) by (decode bucket, k): %s",
                         {key: round(t * 1e3, 3) for key, t in policy.step_times.items()})
         eos = eos_token_ids(self.tokenizer, Path(tokenizer_dir)) if tokenizer_dir else set()
-        inputs = InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed, eos, max_logprobs)
+        inputs = InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed, eos, max_logprobs,
+                                structured, runner.grammar_pool)
         self.llm_engine = LLMEngine(cfg, runner, inputs, OutputProcessor(self.tokenizer, eos, max_model_len),
                                     async_scheduling, policy)
         self._next_request = 0

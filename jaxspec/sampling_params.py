@@ -15,6 +15,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from jaxspec.structured_output import GuidedDecodingParams, StructuredOutputsParams
+
 INT32_MAX = 2**31 - 1
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES default
 MAX_LOGIT_BIAS = 100.0  # vLLM clamps each bias to [-100, 100]
@@ -105,6 +107,10 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     # vLLM V1 dropped best_of (beam-style ranking of extra samples): None or n is accepted, anything else rejected
     best_of: int | None = None
+    # the output follows a JSON schema, regex or choice (jaxspec.structured_output); guided_decoding is vLLM's name
+    # before 0.11, moved here when given
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,6 +120,10 @@ class SamplingParams:
         self.bad_words = self.bad_words if self.bad_words is not None else []
         if self.seed == -1:  # vLLM's spelling of "no seed"
             self.seed = None
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("SamplingParams takes structured_outputs or guided_decoding (its old name), not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         self.validate()
         if self.top_k == -1:
             self.top_k = 0
@@ -175,6 +185,11 @@ class SamplingParams:
             self.allowed_token_ids = _int_list("allowed_token_ids", self.allowed_token_ids, 0, INT32_MAX)
             if not self.allowed_token_ids:
                 raise ValueError("SamplingParams.allowed_token_ids must not be empty (None allows every token)")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError(f"SamplingParams.structured_outputs must be a StructuredOutputsParams, got "
+                                 f"{type(self.structured_outputs).__name__}")
+            self.structured_outputs.validate()
 
     def clone(self) -> "SamplingParams":
         """A deep copy (vLLM's), so that changing one request's params leaves another's alone."""
@@ -187,10 +202,10 @@ class SamplingParams:
     @property
     def needs_processors(self) -> bool:
         """Whether a logits processor changes this request's distribution (penalties, min_p, min_tokens, bias,
-        masks)."""
+        masks, a structured-output constraint)."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
                 or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias) or bool(self.bad_words)
-                or self.allowed_token_ids is not None)
+                or self.allowed_token_ids is not None or self.structured_outputs is not None)
 
     @property
     def needs_extended_step(self) -> bool:

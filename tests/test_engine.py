@@ -180,7 +180,7 @@ def test_programs_compiled_side_by_side_are_the_ones_the_calls_run(prompts):
                 synthetic_acceptance=0.5)
     llm = make_llm(None, **args)
     runner = llm.llm_engine.runner
-    greedy = (True, False, False, False, False)
+    greedy = (True, False, False, False, False, False)  # model_runner.BatchKind
     jobs = [(decode_step, B, runner._specs[(k, greedy)], runner._idle_decode(B)) for B in (2, 4) for k in (0, 2)]
     logged = []
     runner.compile_all(jobs, log=logged.append)
@@ -369,7 +369,7 @@ def test_twin_programs_keep_their_output_buffers_and_change_no_output(weights, p
     assert [o.outputs[0].token_ids for o in outs] == reference
     twins = {key[-1] for key in runner._outputs if key[0] == "decode_step"}
     assert twins == {0, 1} and {key[-1] for key in runner._called if key[0] == "decode_step"} == {0, 1}
-    spec = runner._specs[(0, (True, False, False, False, False))]
+    spec = runner._specs[(0, (True, False, False, False, False, False))]
     assert runner._program(decode_step, 8, spec, 0) is not runner._program(decode_step, 8, spec, 1)
     addresses = {key: out.unsafe_buffer_pointer() for key, out in runner._outputs.items()}
     got, want = (m.generate(prompts[:6], logprobs, use_tqdm=False) for m in llms)  # logprob rows: host copies

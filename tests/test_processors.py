@@ -91,32 +91,33 @@ def packed_params(c, seeds, prompt_len=len(PROMPT)):
 
 
 @functools.partial(jax.jit, static_argnames=("wrong",))
-def sample(logits, inputs, num_valid, q0, rows, packed, wrong=None):
-    """processors.sample (the engine's extended path), or a deliberately wrong variant (negative controls):
-    "bonus_only" processes only the last position; "no_draft_history" ignores the drafts as history."""
+def sample(logits, inputs, num_valid, q0, rows, packed, wrong=None, g=None):
+    """processors.sample (the engine's extended path; g: a structured-output grammar state), or a deliberately
+    wrong variant (negative controls): "bonus_only" processes only the last position; "no_draft_history" ignores
+    the drafts as history."""
     slots = jnp.arange(logits.shape[0])  # row b's state is rows' row b
     if wrong is None:
-        tokens, n_acc, _ = processors.sample(logits, inputs, num_valid, q0, rows, slots, packed, True, 0)
+        tokens, n_acc, _ = processors.sample(logits, inputs, num_valid, q0, rows, slots, packed, True, 0, False, g)
         return tokens, n_acc
     p = processors.Params.unpack(packed)
-    processed = processors.apply(logits, inputs, q0, rows, slots, p)
+    processed = processors.apply(logits, inputs, q0, rows, slots, p, g)
     if wrong == "bonus_only":
         processed = jnp.concatenate([logits[:, :-1], processed[:, -1:]], axis=1)
     else:
-        processed = jnp.concatenate([processors.apply(logits[:, j:j + 1], inputs[:, :1], q0 + j, rows, slots, p)
+        processed = jnp.concatenate([processors.apply(logits[:, j:j + 1], inputs[:, :1], q0 + j, rows, slots, p, g)
                                      for j in range(logits.shape[1])], axis=1)
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     probs = sampler.filter_probs(processed, temperature, top_k, top_p, True, p.min_p)
     return sampler.accept(probs, inputs[:, 1:], num_valid, seeds, q0 + 1)
 
 
-def run(c, drafts, seed0: int, wrong=None):
+def run(c, drafts, seed0: int, wrong=None, g=None):
     B = len(drafts)
     q0 = len(PROMPT) + len(OUTPUT) - 1
     inputs = np.concatenate([np.full((B, 1), OUTPUT[-1]), drafts], axis=1).astype(np.int32)
     logits = jnp.broadcast_to(jnp.asarray(LOGITS, jnp.float32), (B,) + LOGITS.shape)
     tokens, n_acc = sample(logits, jnp.asarray(inputs), jnp.full((B,), 2, jnp.int32), jnp.full((B,), q0, jnp.int32),
-                           make_rows(c, B), packed_params(c, np.arange(B) + seed0), wrong=wrong)
+                           make_rows(c, B), packed_params(c, np.arange(B) + seed0), wrong=wrong, g=g)
     return np.asarray(tokens), np.asarray(n_acc)
 
 
@@ -130,12 +131,13 @@ def grouped_pvalue(groups, target, expected_of):
     return chi2_pvalue(observed, observed.sum(1, keepdims=True) * expected)
 
 
-def lossless_pvalues(c, tokens, n_acc, drafts):
+def lossless_pvalues(c, tokens, n_acc, drafts, ref=None):
     """token 0 | draft 0; token 1 | (draft 0 accepted, draft 1); the bonus | (both accepted): each against the
-    oracle's distribution after the committed output plus the accepted drafts."""
+    oracle's distribution (`ref`, default ref_probs) after the committed output plus the accepted drafts."""
     for j in range(2):
         assert (tokens[n_acc > j, j] == drafts[n_acc > j, j]).all()
-    p = lambda *history: ref_probs(LOGITS[len(history)], PROMPT, OUTPUT + list(history), c)  # noqa: E731
+    ref = ref or ref_probs
+    p = lambda *history: ref(LOGITS[len(history)], PROMPT, OUTPUT + list(history), c)  # noqa: E731
     acc1, acc2 = n_acc >= 1, n_acc == 2
     return [grouped_pvalue(drafts[:, :1], tokens[:, 0], lambda g: p()),
             grouped_pvalue(drafts[acc1], tokens[acc1, 1], lambda g: p(g[0])),
@@ -321,11 +323,12 @@ def test_sparse_admission_equals_the_dense_rows():
     state = SlotState.init(S, 3, V)
     state = SlotState(state.tokens, state.seq_len, state.num_drafts, dataclasses.replace(
         state.proc, counts=state.proc.counts + 1, prompt_mask=state.proc.prompt_mask.at[2, 11].set(True),
-        bias=state.proc.bias + 2.0))  # what earlier requests left in the slots
+        bias=state.proc.bias + 2.0), state.grammar)  # what earlier requests left in the slots
     dense = [r.rows(V) for r in requests] + [SlotSpec({}, None, [], []).rows(V)]
     sparse = [r.sparse_rows(V) for r in requests] + [SlotSpec({}, None, [], []).sparse_rows(V)]
-    want = admit_step(state, slots, *(np.stack([d[i] for d in dense]) for i in range(3)), spec)
-    got = admit_sparse_step(state, slots, *(np.stack([s[i] for s in sparse]) for i in range(2)), spec)
+    none = np.full(3, -1, np.int32)  # no structured-output constraint
+    want = admit_step(state, slots, *(np.stack([d[i] for d in dense]) for i in range(3)), none, spec)
+    got = admit_sparse_step(state, slots, *(np.stack([s[i] for s in sparse]) for i in range(2)), none, spec)
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     assert np.asarray(got.proc.stop_mask)[2].nonzero()[0].tolist() == [0, 7]

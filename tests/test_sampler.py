@@ -111,11 +111,14 @@ def test_sampling_table_rows_and_batch_kind():
                        repetition_penalty=[1.0] * 4 + [0.0], presence_penalty=[0, 0, 0, 0.5, 0],
                        min_tokens=[0, 0, 0, 2, 0], prompt_len=[3, 4, 5, 6, 0], extended=[0, 0, 1, 1, 0])
     assert packed.dtype == np.uint32 and (packed == want).all()
-    assert kind == (False, True, True, True)
-    assert t.batch(np.array([0, 4]))[1] == (True, False, False, False)
-    assert t.batch(np.array([0, 2]))[1] == (True, False, True, False)
-    assert t.batch(np.array([2, 3, 4]))[1] == (True, False, True, True)
-    assert t.batch(np.array([1, 4]))[1] == (False, True, False, False)
+    assert kind == (False, True, True, True, False)
+    assert t.batch(np.array([0, 4]))[1] == (True, False, False, False, False)
+    assert t.batch(np.array([0, 2]))[1] == (True, False, True, False, False)
+    assert t.batch(np.array([2, 3, 4]))[1] == (True, False, True, True, False)
+    assert t.batch(np.array([1, 4]))[1] == (False, True, False, False, False)
+    from jaxspec.sampling_params import StructuredOutputsParams
+    t.set(1, SamplingParams(temperature=0, structured_outputs=StructuredOutputsParams(regex="a")), 8, 4)
+    assert t.batch(np.array([1, 2]))[1] == (True, False, True, True, True)  # a constraint is a processor
 
 
 # ---- greedy accept/reject

@@ -44,7 +44,7 @@ def compile_buckets(llm: LLM, all_greedy: bool, filtered: bool, extended: bool =
     logits processors if `processors`), decode steps for every k its speculation policy may pick (or
     `k_values`); `log(msg)` hears each program's compile time."""
     engine = llm.llm_engine
-    return engine.runner.warmup(kinds=((all_greedy, filtered, extended, extended and processors, False),),
+    return engine.runner.warmup(kinds=((all_greedy, filtered, extended, extended and processors, False, False),),
                                 k_values=k_values or engine.spec_policy.choices, log=log)
 
 

@@ -19,6 +19,7 @@ from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SlotSpec
 from jaxspec.inputs import PROMPT_KEYS
 from jaxspec.sampling_params import SamplingParams
+from jaxspec.structured_output import Compiler, StructuredOutputsConfig
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -28,13 +29,17 @@ def sample_seed(seed: int, index: int) -> int:
 
 class InputProcessor:
     def __init__(self, tokenizer: Any | None, vocab_size: int, max_model_len: int, seed: int,
-                 eos_token_ids: set[int] = frozenset(), max_logprobs: int = 20):
+                 eos_token_ids: set[int] = frozenset(), max_logprobs: int = 20,
+                 structured_outputs: StructuredOutputsConfig | None = None, grammar_pool: Any | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.seed = seed
         self.eos_token_ids = set(eos_token_ids)
         self.max_logprobs = max_logprobs
+        self.structured_outputs = structured_outputs or StructuredOutputsConfig()
+        self.grammar_pool = grammar_pool  # engine/grammar_pool.py: what an automaton must fit
+        self._compiler: Compiler | None = None
         self._num_made = 0  # samples made so far: the default seed of each request is derived from its index
 
     def process(self, request_id: str, prompt, params: SamplingParams | None) -> Sequence:
@@ -119,7 +124,21 @@ class InputProcessor:
 
     def _slot_spec(self, p: SamplingParams) -> SlotSpec:
         stop_ids = sorted(set(p.stop_token_ids) | self.eos_token_ids) if p.min_tokens else []
-        return SlotSpec(dict(p.logit_bias or {}), p.allowed_token_ids, self._bad_words(p.bad_words), stop_ids)
+        return SlotSpec(dict(p.logit_bias or {}), p.allowed_token_ids, self._bad_words(p.bad_words), stop_ids,
+                        self._grammar(p))
+
+    def _grammar(self, p: SamplingParams):
+        """The request's constraint compiled (structured_output.Compiler), checked against the device pool."""
+        if p.structured_outputs is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("SamplingParams.structured_outputs need a tokenizer; this model has none")
+        if self._compiler is None:
+            self._compiler = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        key, automaton = self._compiler.compile(self.structured_outputs.applied(p.structured_outputs))
+        if self.grammar_pool is not None:
+            self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{p.structured_outputs.kind}")
+        return key, automaton
 
     def _bad_words(self, words: list[str]) -> list[list[int]]:
         """vLLM's tokenization of bad words: each word as it is and with a leading space (when that gives another

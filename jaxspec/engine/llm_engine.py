@@ -119,7 +119,7 @@ class LLMEngine:
         self.block_manager = BlockManager(cfg.num_pages, cfg.page_size, cfg.pages_per_seq, cfg.max_num_seqs,
                                           cfg.enable_prefix_caching)
         self.scheduler = Scheduler(cfg, self.block_manager, output_processor.append_tokens,
-                                   output_processor.logprob_store.add_step)
+                                   output_processor.logprob_store.add_step, self._reserve_grammar)
         # unfinished, plus finished ones whose final output is not out yet; a request's first sample (its `group`
         # holds all n)
         self.requests: dict[str, Sequence] = {}
@@ -130,6 +130,10 @@ class LLMEngine:
         self._unreported: list[Sequence] = []  # finished outside a commit (abort, rollback): output not returned yet
         self._num_steps = 0
         self._dirty = False  # a step() raised before it finished its bookkeeping: roll back before the next
+
+    def _reserve_grammar(self, seq: Sequence) -> bool:
+        key, automaton = seq.slot_spec.grammar
+        return self.runner.grammar_pool.reserve(key, automaton, seq)
 
     @classmethod
     def from_engine_args(cls, engine_args: "EngineArgs") -> "LLMEngine":

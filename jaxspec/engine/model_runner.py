@@ -21,42 +21,46 @@ from jax.sharding import PartitionSpec as P
 from jaxspec import parallel
 from jaxspec.config import EngineConfig
 from jaxspec.engine import sampler
+from jaxspec.engine.grammar_pool import GrammarPool
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_SPARSE_STOPS
 from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_sparse_step,
                                  admit_step, copy_pages_step, decode_step, multi_decode_step, output_shape,
-                                 plan_program, prefill_step, program, slot_program)
+                                 place_grammar_step, plan_program, prefill_step, program, slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
 
 
-# A batch's kind: (all_greedy, filtered, extended, processors, prompt_logprobs), from its rows
+# A batch's kind: (all_greedy, filtered, extended, processors, grammar, prompt_logprobs), from its rows
 # (SamplingTable.batch) and, for prefill, whether a chunk wants prompt logprobs. Each step maps it to few compiled
 # variants: the extended decode keeps all_greedy (a greedy batch with processors or logprobs never builds the
 # sampling distribution), for sampling batches the filtered flag, and whether any row has a logits processor (a
 # batch that wants logprobs alone skips them); the extended prefill always filters and processes (its sort covers
-# R rows, not B * (k+1)). So a warm engine has 9 decode and 5 prefill variants per bucket.
-BatchKind = tuple[bool, bool, bool, bool, bool]
+# R rows, not B * (k+1)). So a warm engine has 9 decode and 5 prefill variants per bucket; batches with a
+# structured-output constraint (grammar) have 3 decode and 2 prefill variants of their own, compiled on first use.
+BatchKind = tuple[bool, bool, bool, bool, bool, bool]
 _SAMPLING = ((True, False), (False, False), (False, True))  # (all_greedy, filtered): greedy, random, top-k/top-p
-ALL_KINDS: tuple[BatchKind, ...] = (tuple((g, f, False, False, False) for g, f in _SAMPLING)
-                                    + tuple((g, f, True, p, False) for p in (False, True) for g, f in _SAMPLING)
-                                    + ((False, True, True, True, True),))
+ALL_KINDS: tuple[BatchKind, ...] = (tuple((g, f, False, False, False, False) for g, f in _SAMPLING)
+                                    + tuple((g, f, True, p, False, False) for p in (False, True) for g, f in _SAMPLING)
+                                    + ((False, True, True, True, False, True),))
+GRAMMAR_KINDS: tuple[BatchKind, ...] = (tuple((g, f, True, True, True, False) for g, f in _SAMPLING)
+                                        + ((False, True, True, True, True, True),))
 # Greedy, random, and top-k/top-p without processors or logprobs: what a GPU compiles at start-up by default
 # (LLM(warmup="auto")); the extended kinds compile on first use there (each one logged).
 BASIC_KINDS: tuple[BatchKind, ...] = ALL_KINDS[:3]
 
 
 def decode_mode(kind: BatchKind) -> BatchKind:
-    all_greedy, filtered, extended, processors, _ = kind
-    return (all_greedy, filtered, extended, processors, False)  # prompt logprobs are prefill's only
+    all_greedy, filtered, extended, processors, grammar, _ = kind
+    return (all_greedy, filtered, extended, processors, grammar, False)  # prompt logprobs are prefill's only
 
 
 def prefill_mode(kind: BatchKind) -> BatchKind:
-    all_greedy, filtered, extended, _, prompt_logprobs = kind
+    all_greedy, filtered, extended, _, grammar, prompt_logprobs = kind
     if extended or prompt_logprobs:
-        return (False, True, True, True, prompt_logprobs)
-    return (all_greedy, filtered, False, False, False)
+        return (False, True, True, True, grammar, prompt_logprobs)
+    return (all_greedy, filtered, False, False, False, False)
 
 
 # threads compiling at once (compile_all): XLA parallelizes within a program too, so more than this gains little
@@ -66,6 +70,7 @@ COMPILE_THREADS = 8
 def _describe(step: Callable, size: int, spec: StepSpec) -> str:
     mode = "greedy" if spec.all_greedy else "top-k/top-p" if spec.filtered else "random"
     mode += (", processors + logprobs" if spec.processors else ", logprobs") if spec.extended else ""
+    mode += ", structured output" if spec.grammar else ""
     mode += ", prompt logprobs" if spec.prompt_logprobs else ""
     mode += f", {spec.num_steps} steps" if spec.num_steps > 1 else ""
     return f"{step.__name__.removesuffix('_step')} bucket {size} (k={spec.num_speculative_tokens}, {mode})"
@@ -95,7 +100,8 @@ class ModelRunner:
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
-        self.state = SlotState.init(self.num_slots, self.k, target_cfg.vocab_size)
+        self.grammar_pool = GrammarPool(cfg.grammar_states, cfg.grammar_max_transitions(target_cfg.vocab_size))
+        self.state = self._new_state()
         self.sampling = sampler.SamplingTable(self.num_slots, target_cfg.vocab_size)
         shardings = None
         if mesh is not None:
@@ -117,9 +123,10 @@ class ModelRunner:
         # the step's static spec for each k <= K and mode (decode_mode / prefill_mode of a batch kind), built once
         self._specs = {(k, mode): dataclasses.replace(self.spec, num_speculative_tokens=k, all_greedy=mode[0],
                                                       filtered=mode[1], extended=mode[2], processors=mode[3],
-                                                      prompt_logprobs=mode[4]).canonical()
+                                                      grammar=mode[4], prompt_logprobs=mode[5]).canonical()
                        for k in range(self.k + 1)
-                       for mode in {f(kind) for kind in ALL_KINDS for f in (decode_mode, prefill_mode)}}
+                       for mode in {f(kind) for kind in ALL_KINDS + GRAMMAR_KINDS
+                                    for f in (decode_mode, prefill_mode)}}
         self.num_prefill_tokens = 0  # prompt (and recomputed) tokens run through prefill so far
         self._target_cfg, self._draft_cfg, self._shardings = target_cfg, draft_cfg, shardings
         self.caches = self._new_caches()
@@ -143,6 +150,10 @@ class ModelRunner:
         self._outputs: dict[tuple, jax.Array] = {}
         self._next_twin: dict[tuple, int] = {}
 
+    def _new_state(self) -> SlotState:
+        return SlotState.init(self.num_slots, self.k, self.vocab_size, self.grammar_pool.max_states,
+                              self.grammar_pool.max_transitions)
+
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
         dtype, pages = tcfg.jnp_dtype, self.cfg.num_pages
@@ -164,9 +175,10 @@ class ModelRunner:
         self._plans = {key: plan for key, plan in self._plans.items() if not any(a.is_deleted() for a in plan)}
         self._outputs = {key: out for key, out in self._outputs.items() if not out.is_deleted()}
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
-            self.state = SlotState.init(self.num_slots, self.k, self.vocab_size)
+            self.state = self._new_state()
             self.state = (jax.device_put(self.state, jax.local_devices()[0]) if self._shardings is None
                           else parallel.place(self.state, self._shardings.replicated))
+            self.grammar_pool.forget_uploads()  # the fresh tables hold none of the placed automata
 
     # ---- building the host arrays
 
@@ -175,7 +187,7 @@ class ModelRunner:
         """Packed sampling params of these slots (padding rows all zero: greedy) and the spec of `step` with k
         drafts for the batch's kind."""
         packed, flags = self.sampling.batch(slots)
-        kind = flags + (prompt_logprobs,)
+        kind = flags + (prompt_logprobs,)  # BatchKind
         return packed, self._specs[(k, prefill_mode(kind) if step is prefill_step else decode_mode(kind))]
 
     def _slots(self, used: list[int], rows: int) -> np.ndarray:
@@ -201,7 +213,7 @@ class ModelRunner:
     @staticmethod
     def _key(step: Callable, size: int, spec: StepSpec) -> tuple:
         return (step.__name__, size, spec.num_speculative_tokens, spec.all_greedy, spec.filtered, spec.extended,
-                spec.processors, spec.prompt_logprobs, spec.num_steps)
+                spec.processors, spec.grammar, spec.prompt_logprobs, spec.num_steps)
 
     @staticmethod
     def _program(step: Callable, size: int, spec: StepSpec, twin: int = 0) -> Callable:
@@ -333,25 +345,32 @@ class ModelRunner:
     def _admit(self, chunks: list[PrefillChunk]) -> None:
         """Set the processor state of the slots of extended requests that start prefilling now (one dispatch,
         before the prefill): their stop ids alone when none has a logit_bias or allowed_token_ids (the common
-        case), else every row's dense [V] bias and stop mask."""
+        case), else every row's dense [V] bias and stop mask; and each one's structured-output state, its
+        automaton written into the grammar pool first if it is not there yet (reserved by the scheduler)."""
         if not chunks:
             return
         R, V = self.cfg.max_prefill_seqs, self.vocab_size
         slots = np.full((R, 2), self.num_slots, np.int32)
         bad = np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
+        states = np.full((R,), -1, np.int32)
         for r, c in enumerate(chunks):
             slots[r] = (c.seq.slot, c.seq.prompt_mask_from if c.seq.prompt_mask_from >= 0 else self.num_slots)
+            if c.seq.slot_spec.grammar is not None:
+                key = c.seq.slot_spec.grammar[0]
+                for chunk in self.grammar_pool.uploads(key):
+                    self.state = slot_program(place_grammar_step)(self.state, *chunk, spec=self.spec)
+                states[r] = self.grammar_pool.initial_state(key, c.seq.output_token_ids)
         if not any(c.seq.slot_spec.needs_dense_rows(V) for c in chunks):
             stop_ids = np.full((R, MAX_SPARSE_STOPS), -1, np.int32)
             for r, c in enumerate(chunks):
                 stop_ids[r], bad[r] = c.seq.slot_spec.sparse_rows(V)
-            self.state = slot_program(admit_sparse_step)(self.state, slots, stop_ids, bad, spec=self.spec)
+            self.state = slot_program(admit_sparse_step)(self.state, slots, stop_ids, bad, states, spec=self.spec)
             return
         bias = np.zeros((R, V), np.float32)
         stop = np.zeros((R, V), bool)
         for r, c in enumerate(chunks):
             bias[r], stop[r], bad[r] = c.seq.slot_spec.rows(V)
-        self.state = slot_program(admit_step)(self.state, slots, bias, stop, bad, spec=self.spec)
+        self.state = slot_program(admit_step)(self.state, slots, bias, stop, bad, states, spec=self.spec)
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy KV pages (source, destination) in both caches, COPY_PAGES per dispatch."""
@@ -391,11 +410,12 @@ class ModelRunner:
         count = len(jobs)
         if any(kind[2] for kind in kinds):
             V, bad = self.vocab_size, np.full((R, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, np.int32)
+            none = np.full((R,), -1, np.int32)
             self.state = slot_program(admit_step)(self.state, np.full((R, 2), S, np.int32),
-                                                  np.zeros((R, V), np.float32), np.zeros((R, V), bool), bad,
+                                                  np.zeros((R, V), np.float32), np.zeros((R, V), bool), bad, none,
                                                   spec=self.spec)
             self.state = slot_program(admit_sparse_step)(self.state, np.full((R, 2), S, np.int32),
-                                                         np.full((R, MAX_SPARSE_STOPS), -1, np.int32), bad,
+                                                         np.full((R, MAX_SPARSE_STOPS), -1, np.int32), bad, none,
                                                          spec=self.spec)
             count += 2
         self.caches = slot_program(copy_pages_step)(self.caches, np.full((COPY_PAGES, 2), -1, np.int32),

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import MAX_SPECULATIVE_TOKENS
-from jaxspec.engine import sampler
+from jaxspec.engine import grammar, sampler
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 
 HISTORY = 32  # ring of recent tokens: holds a bad word's prefix and one step's k+1 new tokens without collision
@@ -131,13 +131,15 @@ def count_drafts(count: jax.Array, ids: jax.Array, inputs: jax.Array) -> jax.Arr
 
 
 def process_draft(logits: jax.Array, ids: jax.Array | None, drafts: list[jax.Array], position: jax.Array,
-                  state: ProcessorState, slots: jax.Array, p: Params) -> jax.Array:
+                  state: ProcessorState, slots: jax.Array, p: Params,
+                  g: grammar.GrammarState | None = None) -> jax.Array:
     """The draft head's logits [B, Vd] fp32 for the token at `position` [B], processed as the target's are (steps 1
     and 2; bad words left out), the rollout's earlier drafts (each [B]) counted after the committed output. A raw
     draft misses what penalties, logit_bias and allowed_token_ids move the target to; drafting the processed
     argmax keeps acceptance where they apply. Any draft is lossless (the next step verifies it against the
     processed target): this only makes drafts better guesses. ids: the target ids of the draft vocabulary [Vd]
-    (EAGLE-3), or None (the target's vocabulary)."""
+    (EAGLE-3), or None (the target's vocabulary). With the grammar state g, tokens the constraint refuses after
+    the committed output and the earlier drafts are left out too."""
     B, Vd = logits.shape
     if ids is None:  # whole rows
         vocab, row = jnp.arange(Vd, dtype=jnp.int32), lambda table: table[slots]
@@ -148,8 +150,14 @@ def process_draft(logits: jax.Array, ids: jax.Array | None, drafts: list[jax.Arr
         count = count + (d[:, None] == vocab[None]).astype(jnp.int32)
     short = (position - p.prompt_len < p.min_tokens)[:, None]
     pb = jax.tree.map(lambda a: a[:, None], p)
-    return process(logits, row(state.bias), row(state.stop_mask), count, row(state.prompt_mask), short,
-                   p.extended[:, None], pb)
+    out = process(logits, row(state.bias), row(state.stop_mask), count, row(state.prompt_mask), short,
+                  p.extended[:, None], pb)
+    if g is None:
+        return out
+    at = grammar.row_states(g, slots, p.extended)
+    for d in drafts:
+        at = grammar.step(g.tables, at, d)
+    return jnp.where(grammar.allowed(g.tables, at[:, None], vocab[None]), out, -jnp.inf)
 
 
 class Bans(NamedTuple):
@@ -157,17 +165,25 @@ class Bans(NamedTuple):
     short: jax.Array  # EOS and the stop ids are banned here (output shorter than min_tokens)
     keep: jax.Array  # the position is processed: the row's own state, and the bans leave some token
     words: jax.Array  # [B, T, W]: each bad word's last token where the word bans it at the position, else -1
+    grammar: jax.Array | None = None  # [B, T]: the constraint's state at the position (grammar.NONE: none)
 
 
-def bans(inputs: jax.Array, q0: jax.Array, state: ProcessorState, slots: jax.Array, p: Params) -> Bans:
-    """The positions' bans and whether each is processed (see apply); no pass over the vocabulary."""
+def bans(inputs: jax.Array, q0: jax.Array, state: ProcessorState, slots: jax.Array, p: Params,
+         g: grammar.GrammarState | None = None) -> Bans:
+    """The positions' bans and whether each is processed (see apply); no pass over the vocabulary. With the
+    grammar state g, each position's constraint state (the committed one walked through the drafts before it);
+    where it allows only end tokens, min_tokens yields (the constraint ends the answer)."""
     T = inputs.shape[1]
     out_index = q0[:, None] + 1 + jnp.arange(T) - p.prompt_len[:, None]  # [B, T]: output index of each token
     short = out_index < p.min_tokens[:, None]  # [B, T]
+    states = None
+    if g is not None:
+        states = grammar.walk(g.tables, grammar.row_states(g, slots, p.extended), inputs[:, 1:])  # [B, T]
+        short = short & ~grammar.only_end(g.tables, states)
     banned, match = _bad_word_bans(inputs, q0, state.history[slots], state.bad_words[slots], p.prompt_len)
     # a stale slot's state never reaches a plain row; a position the bans would leave empty is unprocessed
     keep = p.extended[:, None] & ~_nothing_left(state, slots, short, banned, match)  # [B, T]
-    return Bans(short, keep, jnp.where(match & keep[..., None], banned, -1))
+    return Bans(short, keep, jnp.where(match & keep[..., None], banned, -1), states)
 
 
 def slot_values(table: jax.Array, slots: jax.Array, ids: jax.Array) -> jax.Array:
@@ -177,12 +193,12 @@ def slot_values(table: jax.Array, slots: jax.Array, ids: jax.Array) -> jax.Array
 
 
 def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, state: ProcessorState, slots: jax.Array,
-          p: Params) -> jax.Array:
-    """Processed logits [B, T, V] fp32 (steps 1 and 2): logits [B, T, V] at the positions after inputs [B, T]
-    (inputs[:, 0] at position q0 [B]; its count and history are already in the state of its slot, slots [B], the
-    rest are drafts)."""
+          p: Params, g: grammar.GrammarState | None = None) -> jax.Array:
+    """Processed logits [B, T, V] fp32 (steps 1 and 2, and the constraint's mask with the grammar state g): logits
+    [B, T, V] at the positions after inputs [B, T] (inputs[:, 0] at position q0 [B]; its count and history are
+    already in the state of its slot, slots [B], the rest are drafts)."""
     B, T, V = logits.shape
-    ban = bans(inputs, q0, state, slots, p)
+    ban = bans(inputs, q0, state, slots, p, g)
     raw = logits.astype(jnp.float32)
     row = lambda table: table[slots][:, None]  # noqa: E731  [B, 1, V]
     count = count_drafts(row(state.counts), jnp.arange(V, dtype=jnp.int32)[None, None], inputs)
@@ -191,7 +207,10 @@ def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, state: ProcessorS
                   ban.keep[..., None], pb)
     # the bans last (-inf stays -inf under each step), as a scatter into the pass's output: [B, T, W] updates
     b, t = jnp.arange(B)[:, None, None], jnp.arange(T)[None, :, None]
-    return out.at[b, t, jnp.maximum(ban.words, 0)].min(jnp.where(ban.words >= 0, -jnp.inf, jnp.inf))
+    out = out.at[b, t, jnp.maximum(ban.words, 0)].min(jnp.where(ban.words >= 0, -jnp.inf, jnp.inf))
+    if g is None:
+        return out
+    return jnp.where(grammar.allowed_rows(g.tables, ban.grammar, V), out, -jnp.inf)
 
 
 def processed_at(logits: jax.Array, inputs: jax.Array, state: ProcessorState | None, slots: jax.Array,
@@ -355,17 +374,18 @@ def top_n_of_blocks(block_max: jax.Array, num: int, V: int,
 
 
 def sample(logits: jax.Array, inputs: jax.Array, num_valid: jax.Array, q0: jax.Array, state: ProcessorState | None,
-           slots: jax.Array, packed: jax.Array, filtered: bool, num_logprobs: int,
-           all_greedy: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+           slots: jax.Array, packed: jax.Array, filtered: bool, num_logprobs: int, all_greedy: bool = False,
+           g: grammar.GrammarState | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`sampler.rejection_sample` of the drafts inputs[:, 1:] against the processed target (min_p included),
     keyed on positions q0 + 1 ..; returns (tokens [B, T], n_acc [B], logprobs of the tokens [B, T, 2 + 2 num]).
     state None: no row of the batch has a processor, so the target is the raw one (no state read, no pass over
     the logits for them); else the rows' state is that of their slots [B]. all_greedy (static): every row is
     greedy, so the drafts are checked against the processed argmax and the sampling distribution (softmax, min_p,
-    random draws) is never built (greedy_pass.sample does the same in one GPU kernel)."""
+    random draws) is never built (greedy_pass.sample does the same in one GPU kernel). g: the grammar state when
+    some row has a structured-output constraint (engine/grammar.py), else None."""
     temperature, top_k, top_p, seeds = sampler.unpack_params(packed)
     p = Params.unpack(packed)
-    processed = logits.astype(jnp.float32) if state is None else apply(logits, inputs, q0, state, slots, p)
+    processed = logits.astype(jnp.float32) if state is None else apply(logits, inputs, q0, state, slots, p, g)
     if all_greedy:
         target, block_max = greedy_from_blocks(processed)  # the logprobs' pass reuses the block maxima
         tokens, n_acc = sampler.greedy_accept(target, inputs[:, 1:], num_valid)

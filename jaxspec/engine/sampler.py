@@ -189,7 +189,7 @@ def batch_flags(temperature, top_k, top_p, vocab_size: int) -> tuple[bool, bool]
 
 
 # SamplingTable's per-slot flag bits, OR-ed over a batch for its static kind
-_RANDOM, _RANDOM_FILTERED, _EXTENDED, _PROCESSORS = 1, 2, 4, 8
+_RANDOM, _RANDOM_FILTERED, _EXTENDED, _PROCESSORS, _GRAMMAR = 1, 2, 4, 8, 16
 
 
 class SamplingTable:
@@ -211,10 +211,12 @@ class SamplingTable:
         all_greedy, filtered = batch_flags([params.temperature], [params.top_k], [params.top_p], self.vocab_size)
         self.flags[slot] = ((0 if all_greedy else _RANDOM) | (_RANDOM_FILTERED if filtered else 0)
                             | (_EXTENDED if params.needs_extended_step else 0)
-                            | (_PROCESSORS if params.needs_processors else 0))
+                            | (_PROCESSORS if params.needs_processors else 0)
+                            | (_GRAMMAR if params.structured_outputs is not None else 0))
 
-    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool, bool, bool]]:
-        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered, extended, processors))."""
+    def batch(self, slots: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool, bool, bool, bool]]:
+        """([B, C] uint32 for these slots, the batch's static (all_greedy, filtered, extended, processors,
+        grammar))."""
         bits = int(np.bitwise_or.reduce(self.flags[slots]))
         return self.packed[slots], (not bits & _RANDOM, bool(bits & _RANDOM_FILTERED), bool(bits & _EXTENDED),
-                                    bool(bits & _PROCESSORS))
+                                    bool(bits & _PROCESSORS), bool(bits & _GRAMMAR))

@@ -61,12 +61,15 @@ class StepPlan:
 class Scheduler:
     def __init__(self, cfg: EngineConfig, block_manager: BlockManager,
                  append_tokens: Callable[[Sequence, list[int], np.ndarray | None, float], None],
-                 add_decode_logprobs: Callable[[list[Sequence], np.ndarray, np.ndarray | None], None]):
+                 add_decode_logprobs: Callable[[list[Sequence], np.ndarray, np.ndarray | None], None],
+                 reserve_grammar: Callable[[Sequence], bool] = lambda seq: True):
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
         self.block_manager = block_manager
         self.append_tokens = append_tokens  # appends emitted tokens, applies stop rules (may finish the seq)
         self.add_decode_logprobs = add_decode_logprobs  # a decode dispatch's logprob rows, before its tokens
+        # places a structured-output request's automaton in the device pool (False: no room now, it waits)
+        self.reserve_grammar = reserve_grammar
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order; preemption takes from the end
         self.free_slots: list[int] = list(range(cfg.max_num_seqs - 1, -1, -1))
@@ -185,6 +188,8 @@ class Scheduler:
             if new:
                 if not self.free_slots:
                     break
+                if seq.slot_spec is not None and seq.slot_spec.grammar is not None and not self.reserve_grammar(seq):
+                    continue
                 source = self._share_source(seq)
                 if source is False:
                     continue

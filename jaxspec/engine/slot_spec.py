@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jaxspec.structured_output import Automaton
 
 MAX_BAD_WORDS = 64  # token sequences per request (a word may give two: with and without a leading space)
 MAX_BAD_WORD_TOKENS = 8  # tokens per bad word
@@ -18,6 +22,7 @@ class SlotSpec:
     allowed_token_ids: list[int] | None
     bad_words: list[list[int]]  # token sequences, each 1..MAX_BAD_WORD_TOKENS long, at most MAX_BAD_WORDS
     stop_ids: list[int]  # banned while the output is shorter than min_tokens: EOS and stop_token_ids
+    grammar: tuple[str, Automaton] | None = None  # structured outputs: the constraint's key and token automaton
 
     def needs_dense_rows(self, vocab_size: int) -> bool:
         """Whether its bias or stop mask must travel as [V] rows: logit_bias, allowed_token_ids, or more stop ids

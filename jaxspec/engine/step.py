@@ -33,7 +33,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.engine import greedy_pass, processors, sampler
+from jaxspec.engine import grammar, greedy_pass, processors, sampler
 from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, KVCache
 from jaxspec.parallel import StepShardings
@@ -57,6 +57,7 @@ class StepSpec:
     filtered: bool = False
     extended: bool = False  # processors and logprobs (decode: all_greedy skips the sampling distribution)
     processors: bool = False  # extended decode: some row has a logits processor (else logprobs alone)
+    grammar: bool = False  # extended: some row has a structured-output constraint (engine/grammar.py)
     prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
     num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
     num_steps: int = 1  # multi_decode_step: decode steps one dispatch runs
@@ -85,7 +86,8 @@ class Caches:
     draft: KVCache | None
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len", "num_drafts", "proc"], meta_fields=[])
+@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar"],
+         meta_fields=[])
 @dataclass
 class SlotState:
     """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
@@ -95,12 +97,15 @@ class SlotState:
     # accepts more drafts than there are)
     num_drafts: jax.Array
     proc: processors.ProcessorState  # what the extended step's logits processors read
+    grammar: grammar.GrammarState  # structured outputs: the automata pool and each slot's state in it
 
     @classmethod
-    def init(cls, num_slots: int, max_k: int, vocab_size: int) -> "SlotState":
+    def init(cls, num_slots: int, max_k: int, vocab_size: int, grammar_states: int = 0,
+             grammar_transitions: int = 0) -> "SlotState":
         return cls(tokens=jnp.zeros((num_slots + 1, 1 + max_k), jnp.int32),
                    seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32),
-                   proc=processors.ProcessorState.init(num_slots, vocab_size))
+                   proc=processors.ProcessorState.init(num_slots, vocab_size),
+                   grammar=grammar.GrammarState.init(num_slots, vocab_size, grammar_states, grammar_transitions))
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -116,7 +121,8 @@ def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array,
 
 def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec: StepSpec, h: jax.Array,
                    start: jax.Array, block_tables: jax.Array, valid: jax.Array, slots: jax.Array,
-                   proc: processors.ProcessorState | None, sampling: jax.Array) -> tuple[jax.Array, KVCache]:
+                   proc: processors.ProcessorState | None, sampling: jax.Array,
+                   g: grammar.GrammarState | None = None) -> tuple[jax.Array, KVCache]:
     """From the head's output h [B, H] at the last verified pair, greedy-draft k tokens: the first from h, then
     k-1 single-token passes at positions start, start+1, ... (fixed trip count, unrolled). With the processor
     state proc (committed up to start; None: no row has a processor) each draft is the argmax of the head's
@@ -132,7 +138,7 @@ def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec
     def draft(h: jax.Array) -> jax.Array:
         process = None if proc is None else partial(processors.process_draft, ids=ids, drafts=drafts,
                                                     position=start + 1 + len(drafts), state=proc, slots=slots,
-                                                    p=params)
+                                                    p=params, g=g)
         return eagle.draft_tokens(dw, spec.draft, tw, h, process)  # [B]
 
     d = draft(h)  # [B]
@@ -183,8 +189,8 @@ def greedy_kernel(spec: StepSpec, vocab_size: int) -> str | None:
     """How an all-greedy extended decode step runs its pass over the vocabulary: greedy_pass's kernel ("pallas", or
     "pallas-interpret" where the attention runs in Pallas's interpreter) or None (XLA: processors.sample)."""
     cfg = spec.target
-    if (spec.all_greedy and cfg.kernel.greedy_pass and cfg.tp_size == 1 and greedy_pass.supported(vocab_size)
-            and cfg.attn_impl in ("pallas", "pallas-interpret")):
+    if (spec.all_greedy and not spec.grammar and cfg.kernel.greedy_pass and cfg.tp_size == 1
+            and greedy_pass.supported(vocab_size) and cfg.attn_impl in ("pallas", "pallas-interpret")):
         return cfg.attn_impl
     return None
 
@@ -210,6 +216,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     # 2. accept: emitted tokens sit at positions n .. n+n_acc, which must stay below max_model_len
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
     num_valid = jnp.minimum(jnp.clip(spec.max_model_len - 1 - n, 0, k), state.num_drafts[slots])
+    g = state.grammar if spec.grammar else None
     if spec.extended:
         proc = state.proc if spec.processors else None
         kernel = greedy_kernel(spec, logits.shape[-1])
@@ -218,7 +225,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
                                                           spec.num_logprobs, interpret=kernel == "pallas-interpret")
         else:
             emitted, n_acc, logprobs = processors.sample(logits, tokens, num_valid, n - 1, proc, slots, sampling,
-                                                         spec.filtered, spec.num_logprobs, spec.all_greedy)
+                                                         spec.filtered, spec.num_logprobs, spec.all_greedy, g)
     else:
         emitted, n_acc = sampler.rejection_sample(logits, tokens[:, 1:], num_valid, temperature, top_k, top_p,
                                                   seeds, n, spec.all_greedy, spec.filtered)
@@ -227,10 +234,13 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     new_last = jnp.take_along_axis(emitted, n_acc[:, None], axis=1)  # [B, 1]
     # the processor state counts the emitted tokens before drafting: the drafts are processed after them. Only
     # processors read the counts (a logprobs request's rows are left as admitted).
-    proc = state.proc
+    proc, gstate = state.proc, state.grammar
     if spec.processors:
         j = jnp.arange(k + 1)
         proc = processors.count_tokens(proc, slots, emitted, n[:, None] + j, j <= n_acc[:, None])
+    if g is not None:  # the constraint's state after the emitted tokens, before the drafts that follow them
+        own = processors.Params.unpack(sampling).extended
+        g = gstate = grammar.commit_rows(g, slots, own, emitted, jnp.arange(k + 1) <= n_acc[:, None])
     # 3. draft: the head reads pair (feature at p, token at p+1) for p = n-1 .. n-1+k; pairs past n_acc are
     # padding whose draft KV the next step overwrites. With k = 0 the head still reads its one pair, so that its KV
     # cache stays complete for later steps that draft.
@@ -243,7 +253,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
         if k > 0:
             h = jnp.take_along_axis(out, n_acc[:, None, None], axis=1)[:, 0]  # [B, H]
             drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid, slots,
-                                              proc if spec.processors else None, sampling)
+                                              proc if spec.processors else None, sampling, g)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device
     out = [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
@@ -254,7 +264,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     # much as a sequence at max_model_len, and a long-running engine got slower and slower)
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(valid, n + n_acc + 1, 1)),
-                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc)
+                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc, grammar=gstate)
     out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
@@ -314,7 +324,8 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     logits = llama.lm_head(tw, hidden[0, last_index])[:, None]  # [R, 1, V]: only each row's last token
     first_pos = positions[last_index] + 1  # [R]: position of the token sampled here
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
-    proc = state.proc
+    proc, gstate = state.proc, state.grammar
+    g = gstate if spec.grammar else None
     if spec.extended:
         # the chunk's tokens enter the processor state first: the first token's penalties count the prompt
         prompt_len = processors.Params.unpack(sampling).prompt_len
@@ -322,7 +333,8 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         proc = processors.prefill_tokens(proc, jnp.where(tok_valid, slots[tok_rows], S), tokens, positions,
                                          prompt_len[tok_rows], recent)
         emitted, _, logprobs = processors.sample(logits, tokens[last_index][:, None], jnp.zeros((R,), jnp.int32),
-                                                 first_pos - 1, proc, slots, sampling, True, spec.num_logprobs)
+                                                 first_pos - 1, proc, slots, sampling, True, spec.num_logprobs,
+                                                 g=g)
     else:
         emitted, _ = sampler.rejection_sample(logits, jnp.zeros((R, 0), jnp.int32), jnp.zeros((R,), jnp.int32),
                                               temperature, top_k, top_p, seeds, first_pos, spec.all_greedy,
@@ -342,10 +354,13 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     slots = jnp.where(commit, slots, S)  # rows that do not end their prompt leave the slot state alone
     if spec.extended:  # the first token is counted before the drafts that follow it are processed
         proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
+    if g is not None:
+        own = processors.Params.unpack(sampling).extended
+        g = gstate = grammar.commit_rows(g, slots, own, first[:, None], commit[:, None])
     if k > 0:
         h = out[0, last_index]  # [R, H]
         drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, first_pos, tables, real, slots,
-                                          proc if spec.extended else None, sampling)
+                                          proc if spec.extended else None, sampling, g)
         new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
     out = jnp.stack([commit.astype(jnp.int32), jnp.where(commit, first, -1)], axis=1)  # [R, 2]
     if spec.extended:
@@ -356,29 +371,42 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         out = jnp.concatenate([out, jnp.pad(prompt, ((0, 0), (2, 0)))], axis=0)  # [R + N, 2 + W]
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(commit, first_pos + 1, 1)),  # spare: 1 (decode)
-                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc)
+                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc, grammar=gstate)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
 def admit_step(state: SlotState, slots: jax.Array, bias: jax.Array, stop_mask: jax.Array, bad_words: jax.Array,
-               spec: StepSpec) -> SlotState:
+               grammar_states: jax.Array, spec: StepSpec) -> SlotState:
     """Reset the processor state of new extended requests: slots [R, 2] = (slot, the slot whose prompt mask it
     shares (a parallel sample's leader) or num_slots; padding rows: num_slots twice) get their rows
-    (processors.SlotSpec.rows). Dispatched before the prefill that fills in their prompts."""
+    (processors.SlotSpec.rows) and their constraint's state, grammar_states [R] (grammar.NONE: none). Dispatched
+    before the prefill that fills in their prompts."""
     proc = processors.admit(state.proc, slots[:, 0], slots[:, 1], bias, stop_mask, bad_words)
-    state = SlotState(state.tokens, state.seq_len, state.num_drafts, proc)
+    g = grammar.GrammarState(state.grammar.tables, state.grammar.state.at[slots[:, 0]].set(grammar_states))
+    state = SlotState(state.tokens, state.seq_len, state.num_drafts, proc, g)
     return state if spec.shardings is None else jax.lax.with_sharding_constraint(state, spec.shardings.replicated)
 
 
 def admit_sparse_step(state: SlotState, slots: jax.Array, stop_ids: jax.Array, bad_words: jax.Array,
-                      spec: StepSpec) -> SlotState:
+                      grammar_states: jax.Array, spec: StepSpec) -> SlotState:
     """admit_step for requests with no logit_bias or allowed_token_ids (most extended ones): a zero bias, and the
     stop mask given as ids [R, MAX_SPARSE_STOPS] (-1: none, SlotSpec.sparse_rows), so that an admission copies a
     few hundred bytes to the device rather than [R, V] rows (~4 MB at R = 8 and a 49k vocabulary)."""
     R, V = stop_ids.shape[0], state.proc.bias.shape[1]
     ids = jnp.where(stop_ids >= 0, stop_ids, V)  # out of range: dropped
     stop_mask = jnp.zeros((R, V), bool).at[jnp.arange(R)[:, None], ids].set(True, mode="drop")
-    return admit_step(state, slots, jnp.zeros((R, V), state.proc.bias.dtype), stop_mask, bad_words, spec)
+    return admit_step(state, slots, jnp.zeros((R, V), state.proc.bias.dtype), stop_mask, bad_words, grammar_states,
+                      spec)
+
+
+def place_grammar_step(state: SlotState, counts: jax.Array, allowed: jax.Array, row_start: jax.Array,
+                       row_len: jax.Array, only_end: jax.Array, tokens: jax.Array, next_states: jax.Array,
+                       spec: StepSpec) -> SlotState:
+    """Write one chunk of a constraint's automaton into the grammar pool (grammar.place; grammar_pool.uploads)."""
+    tables = grammar.place(state.grammar.tables, counts, allowed, row_start, row_len, only_end, tokens, next_states)
+    state = SlotState(state.tokens, state.seq_len, state.num_drafts, state.proc,
+                      grammar.GrammarState(tables, state.grammar.state))
+    return state if spec.shardings is None else jax.lax.with_sharding_constraint(state, spec.shardings.replicated)
 
 
 COPY_PAGES = 64  # pages one copy_pages_step call moves (a longer prefix takes several calls)
@@ -414,7 +442,8 @@ plan_program = jax.jit(write_plan, donate_argnums=0)
 
 @functools.cache
 def slot_program(step: Callable) -> Callable:
-    """admit_step, admit_sparse_step or copy_pages_step jitted, with what it changes donated."""
+    """admit_step, admit_sparse_step, place_grammar_step or copy_pages_step jitted, with what it changes
+    donated."""
     return jax.jit(step, static_argnames=("spec",),
                    donate_argnames=("caches",) if step is copy_pages_step else ("state",))
 
