@@ -327,15 +327,17 @@ BAD_REQUESTS = [  # (path, body, status, param)
     ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, 400, None),  # a token id outside the vocabulary
     ("/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b"}, 400, "suffix"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True, "n": 11}, 400, "n"),  # > 20 / 2
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True, "guided_regex": "a+"}, 400,
+     "use_beam_search"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
                               "tools": [{"type": "function"}]}, 400, "tool_choice"),  # no --enable-auto-tool-choice
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
-                              "tools": [{"type": "function"}], "tool_choice": "required"}, 400, "tool_choice"),
+                              "tools": [{"type": "function"}], "tool_choice": "required"}, 400, "tools"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
-                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+                              "response_format": {"type": "xml"}}, 400, "response_format"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],
                               "continue_final_message": True}, 400, "continue_final_message"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a"}],

@@ -380,6 +380,64 @@ def test_json_schema_answers_parse(byte_dir):
         check_answer(o.outputs[0].text)
 
 
+def test_server_takes_every_form_of_the_constraint(byte_dir):
+    """The OpenAI server: response_format json_schema / json_object, vLLM's structured_outputs and guided_*
+    fields, streamed and not; each answer the offline LLM's with the same constraint; conflicting or unknown
+    forms are 400s naming the field."""
+    import httpx
+    import openai
+
+    from jaxspec.serve.app import build_app
+    from tests.test_serve import running
+
+    llm = make_llm(tiny_weights(cfg=BYTE_TINY), byte_dir, cfg=BYTE_TINY)
+    choice = StructuredOutputsParams(choice=["yes", "no way"])
+    want_choice = llm.generate(["q"], SamplingParams(temperature=0, max_tokens=20, structured_outputs=choice),
+                               use_tqdm=False)[0].outputs[0].text
+    want_json = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(
+        temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=JSON_SCHEMA)),
+        use_tqdm=False)[0].outputs[0].text
+    with running(build_app(llm, served_model_name="m")) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        chat = dict(model="m", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=60)
+        fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": JSON_SCHEMA}}
+        assert client.chat.completions.create(**chat, response_format=fmt).choices[0].message.content == want_json
+        streamed = client.chat.completions.create(**chat, response_format=fmt, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want_json
+        assert client.chat.completions.create(**chat, extra_body={"guided_json": JSON_SCHEMA}).choices[
+            0].message.content == want_json
+        answer = client.chat.completions.create(**chat, response_format={"type": "json_object"}).choices[0]
+        if answer.finish_reason == "stop":
+            assert isinstance(json.loads(answer.message.content), dict)
+        tools = [{"type": "function", "function": {"name": "pet", "parameters": JSON_SCHEMA}},
+                 {"type": "function", "function": {"name": "other"}}]
+        named = client.chat.completions.create(**chat, tools=tools, tool_choice={
+            "type": "function", "function": {"name": "pet"}}).choices[0]
+        assert named.finish_reason == "stop" and not named.message.content
+        assert [(c.function.name, c.function.arguments) for c in named.message.tool_calls] == [("pet", want_json)]
+        streamed = list(client.chat.completions.create(**chat, tools=tools, stream=True, tool_choice={
+            "type": "function", "function": {"name": "pet"}}))
+        calls = [c for chunk in streamed if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+        assert [(c.function.name, c.function.arguments) for c in calls] == [("pet", want_json)]
+        assert streamed[-1].choices[0].finish_reason == "stop"
+        required = client.chat.completions.create(**chat, tools=tools, tool_choice="required").choices[0]
+        if required.finish_reason == "stop":  # (a random model may run out of tokens inside the list)
+            assert required.message.tool_calls and all(c.function.name in ("pet", "other")
+                                                       for c in required.message.tool_calls)
+        done = dict(model="m", prompt="q", temperature=0, max_tokens=20)
+        for extra in ({"guided_choice": ["yes", "no way"]}, {"structured_outputs": {"choice": ["yes", "no way"]}}):
+            assert client.completions.create(**done, extra_body=extra).choices[0].text == want_choice
+        for body, param in [({"response_format": {"type": "xml"}}, "response_format"),
+                            ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs"),
+                            ({"structured_outputs": {"regex": "a", "nope": 1}}, "structured_outputs"),
+                            ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "response_format"),
+                            ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                             "tool_choice"),
+                            ({"tools": tools, "tool_choice": "required", "guided_regex": "a"}, "tool_choice")]:
+            r = httpx.post(url + "/v1/chat/completions", json=chat | body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_bad_constraints_are_named_before_anything_runs(chat_dir):
     llm = make_llm(tiny_weights(), chat_dir, structured_outputs_config={"max_states": 4})
     cases = [(StructuredOutputsParams(regex="[0-9]+"), "cannot compile"),  # no digits in this vocabulary

@@ -28,6 +28,13 @@ def beam_search_params(req: api.SamplingRequest, max_tokens: int | None, prompt_
     if 2 * req.n > max_logprobs:
         raise APIError(f"use_beam_search with n={req.n} asks each step for {2 * req.n} logprobs, more than the "
                        f"server's max_logprobs={max_logprobs}", param="n")
+    try:
+        constrained = req.structured_output() is not None
+    except api.FieldError as e:
+        raise APIError(str(e), param=e.field) from None
+    if constrained:  # its steps pick beams by logprobs alone: a constraint would be silently dropped
+        raise APIError("structured outputs (response_format, tool_choice, structured_outputs, guided_*) are not "
+                       "supported with use_beam_search", param="use_beam_search")
     if isinstance(req, api.CompletionRequest) and req.echo and req.logprobs is not None:  # (no prompt logprobs)
         raise APIError("echo with logprobs is not supported with use_beam_search", param="echo")
     if max_tokens is None:  # up to the context (each prompt's beams stop at max_model_len)

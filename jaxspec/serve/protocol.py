@@ -3,8 +3,10 @@
 Sampling fields are mapped to `SamplingParams` by name (`sampling_values`): a field the request sets to anything
 but its default is passed on when `SamplingParams` has a field of that name, and rejected with a 400 naming it
 when it has not, so a sampling option starts working here the day `SamplingParams` learns it. Fields of
-features this server does not implement at all (`UNSUPPORTED`: response_format, suffix, ...) are rejected the same way.
-Fields the API does not know are ignored with a warning, as vLLM does.
+features this server does not implement at all (`UNSUPPORTED`: suffix, ...) are rejected the same way.
+Fields the API does not know are ignored with a warning, as vLLM does. A structured output comes as OpenAI's
+`response_format`, vLLM's `structured_outputs` object, or vLLM's older `guided_json` / `guided_regex` /
+`guided_choice` / `guided_grammar` fields: one of them, as SamplingParams.structured_outputs.
 """
 
 from __future__ import annotations
@@ -16,12 +18,23 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jaxspec.serve.tool_parsers import forced_schema
+from jaxspec.structured_output import StructuredOutputsParams
+
 
 @functools.cache
 def _field_defaults(model: type[BaseModel]) -> dict[str, Any]:
     """Each field's default, made once per model: pydantic's get_default inspects a default factory's signature on
     every call (~10 us a field, 0.6 ms a request, on the event loop that also feeds the streams)."""
     return {name: info.get_default(call_default_factory=True) for name, info in model.model_fields.items()}
+
+
+class FieldError(ValueError):
+    """A request field's value the server cannot take (a 400 naming `field`)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 class OpenAIBaseModel(BaseModel):
@@ -74,6 +87,15 @@ class SamplingRequest(OpenAIBaseModel):
     truncate_prompt_tokens: int | None = None
     use_beam_search: bool = False  # vLLM's: n beams (jaxspec.serve.beam_serving)
     length_penalty: float = 1.0  # beam search's
+    # structured outputs (one of them; module docstring)
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     # request fields that are SamplingParams fields of the same name
     SAMPLING: ClassVar[tuple[str, ...]] = (
@@ -91,7 +113,43 @@ class SamplingRequest(OpenAIBaseModel):
 
     def sampling_values(self) -> dict[str, Any]:
         """The sampling fields set to something other than their default, under SamplingParams' names."""
-        return {name: v for name in self.SAMPLING if (v := self._non_default(name)) is not None}
+        values = {name: v for name in self.SAMPLING if (v := self._non_default(name)) is not None}
+        constraint = self.structured_output()
+        if constraint is not None:
+            values["structured_outputs"] = constraint
+        return values
+
+    def structured_output(self) -> StructuredOutputsParams | None:
+        """The request's constraint from whichever field gives it; a FieldError naming the field."""
+        given = {}
+        fmt = self.response_format or {}
+        kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            given["response_format"] = dict(json_object=True)
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise FieldError("response_format", "response_format json_schema needs {'name': ..., 'schema': "
+                                                    "{...}}")
+            given["response_format"] = dict(json=spec.get("schema", {}))
+        elif kind != "text":
+            raise FieldError("response_format", f"response_format type must be 'text', 'json_object' or "
+                                                f"'json_schema', got {fmt!r}")
+        if self.structured_outputs:
+            given["structured_outputs"] = dict(self.structured_outputs)
+        guided = {key: getattr(self, f"guided_{key}") for key in ("json", "regex", "choice", "grammar")
+                  if getattr(self, f"guided_{key}") is not None}
+        if guided:
+            given["guided_" + next(iter(guided))] = dict(guided, whitespace_pattern=self.guided_whitespace_pattern)
+        if len(given) > 1:
+            raise FieldError(next(iter(given)), f"structured outputs: give one of {', '.join(given)}, not several")
+        if not given:
+            return None
+        (field, values), = given.items()
+        try:
+            return StructuredOutputsParams(**values)
+        except (TypeError, ValueError) as e:
+            raise FieldError(field, f"{field}: {e}") from None
 
     def unsupported_fields(self) -> list[str]:
         return [name for name in self.UNSUPPORTED if self._non_default(name) is not None]
@@ -159,7 +217,6 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: str | dict | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
-    response_format: dict | None = None
     parallel_tool_calls: bool | None = None
     echo: bool = False
     add_generation_prompt: bool = True
@@ -169,8 +226,22 @@ class ChatCompletionRequest(SamplingRequest):
     # (jaxspec serve --trust-request-chat-template)
     chat_template: str | None = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
-        "functions", "function_call", "response_format")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + ("functions", "function_call")
+
+    def structured_output(self) -> StructuredOutputsParams | None:
+        """The base's, or a forced tool call's JSON (tool_choice "required" or a named function, as vLLM makes
+        it); both at once is a FieldError."""
+        constraint = super().structured_output()
+        mode = self.tool_choice_mode() if self.tools else "none"
+        if mode not in ("required", "named"):
+            return constraint
+        if constraint is not None:
+            raise FieldError("tool_choice", f"tool_choice {self.tool_choice!r} makes the answer a tool call's JSON; "
+                                            "it cannot take another structured output as well")
+        try:
+            return StructuredOutputsParams(json=forced_schema(self.tools, self.tool_choice))
+        except ValueError as e:
+            raise FieldError("tool_choice" if "tool_choice" in str(e) else "tools", str(e)) from None
 
     def tool_choice_mode(self) -> str:
         """vLLM's: "none" (no tools, or told not to call them), "auto" (tools given, tool_choice unset or "auto"),

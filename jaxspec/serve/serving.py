@@ -26,7 +26,7 @@ from jinja2 import TemplateError
 from jaxspec.chat import render_chat
 from jaxspec.sampling_params import RequestOutputKind, SamplingParams
 from jaxspec.serve import protocol as api
-from jaxspec.serve.tool_parsers import PARSERS, StreamSplitter, ToolCall
+from jaxspec.serve.tool_parsers import PARSERS, ForcedParser, StreamSplitter, ToolCall
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                500: "InternalServerError", 503: "ServiceUnavailableError"}
@@ -67,7 +67,10 @@ def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: 
     refuse_unsupported(req)
     # the sampling fields a request leaves unset (None) take the model's default (all are request fields)
     values = {name: v for name, v in defaults.items() if name != "max_tokens" and getattr(req, name) is None}
-    values |= req.sampling_values()
+    try:
+        values |= req.sampling_values()
+    except api.FieldError as e:  # a structured-output field that does not parse
+        raise APIError(str(e), param=e.field) from None
     if defaults.get("max_tokens") is not None:
         max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
     for name in values:
@@ -139,9 +142,11 @@ def _check_tool_choice(req: api.ChatCompletionRequest, options: ChatOptions) -> 
         return
     if not req.tools:
         raise APIError("tool_choice needs tools", param="tool_choice")
+    if mode in ("required", "named"):  # a structured output (protocol.ChatCompletionRequest.structured_output)
+        return
     if mode != "auto":
-        raise APIError(f"tool_choice {req.tool_choice!r} is not supported: it needs structured outputs; use 'auto' "
-                       "or 'none'", param="tool_choice")
+        raise APIError(f"tool_choice must be 'none', 'auto', 'required' or a named function, got "
+                       f"{req.tool_choice!r}", param="tool_choice")
     if options.tool_parser is None:
         raise APIError('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set (as '
                        "in vLLM)", param="tool_choice")
@@ -369,8 +374,10 @@ class ChatFormat(_Format):
         super().__init__(*a, **kw)
         self.role, self.echoed = self.req.response_role(response_role), self.req.echoed_text(response_role)
         # the answers are parsed for tool calls when the request lets the model call its tools
-        auto = tool_parser is not None and self.req.tools and self.req.tool_choice_mode() == "auto"
-        self.parser = PARSERS[tool_parser]() if auto else None
+        mode = self.req.tool_choice_mode() if self.req.tools else "none"
+        self.parser = (PARSERS[tool_parser]() if tool_parser is not None and mode == "auto" else ForcedParser()
+                       if mode == "required" else ForcedParser(self.req.tool_choice["function"]["name"])
+                       if mode == "named" else None)
         self.splitters: dict[int, StreamSplitter] = {}
 
     def _logprobs(self, token_ids: list[int], steps: list) -> api.ChatLogprobs:
@@ -396,6 +403,7 @@ class ChatFormat(_Format):
                 events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(self.echoed)}}},'
                                              '"logprobs":null,"finish_reason":null}'))
         text, finish, calls = comp.text, comp.finish_reason, []
+        forced = getattr(self.parser, "keeps_finish_reason", False)
         if self.parser is not None:  # text that may be a tool call is held until the answer ends
             splitter = self.splitters.setdefault(index, StreamSplitter(self.parser))
             text = splitter.feed(comp.text)
@@ -411,16 +419,17 @@ class ChatFormat(_Format):
         if calls:  # each call whole in one delta (a client joins the argument pieces it gets; here there is one)
             deltas = [{"index": i, **call.as_dict()} for i, call in enumerate(self._calls(calls))]
             events.append(self._envelope(f'{{"index":{index},"delta":{{"tool_calls":{_json(deltas)}}},'
-                                         '"logprobs":null,"finish_reason":"tool_calls","stop_reason":'
-                                         f'{_js(comp.stop_reason)}}}'))
+                                         f'"logprobs":null,"finish_reason":{_js(finish if forced else "tool_calls")},'
+                                         f'"stop_reason":{_js(comp.stop_reason)}}}'))
         return events
 
     def _message(self, text: str, finish: str | None) -> tuple[api.ChatResponseMessage, str | None]:
         if self.parser is not None:
             content, calls = self.parser.parse(text)
             if calls:
+                forced = getattr(self.parser, "keeps_finish_reason", False)
                 return api.ChatResponseMessage(role=self.role, content=content, tool_calls=[
-                    c.as_dict() for c in self._calls(calls)]), "tool_calls"
+                    c.as_dict() for c in self._calls(calls)]), finish if forced else "tool_calls"
         return api.ChatResponseMessage(role=self.role, content=self.echoed + text), finish
 
     def response(self) -> dict:

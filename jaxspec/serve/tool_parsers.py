@@ -9,6 +9,10 @@ around them.
                  [get_weather(city="Paris"), now()] (Llama 3.2 with the pythonic template); read with `ast`, never
                  run
 
+A forced call (tool_choice "required" or a named function, vLLM's) needs no parser flag: the answer is constrained
+to the JSON of the call (`forced_schema`, a structured output) and `ForcedParser` reads it: the named function's
+arguments, or a list of {"name", "parameters"}.
+
 A text that does not parse is plain content, as in vLLM. Streaming: `StreamSplitter` passes text through until a
 call may have started (holding back a possible start marker), then holds the rest until the answer ends, when
 `parse` decides: the calls as one delta each, or the held text as content.
@@ -128,6 +132,49 @@ class PythonicParser:
 
 
 PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "pythonic": PythonicParser}
+
+
+class ForcedParser:
+    """The answer to a forced tool choice is the call itself (module docstring); one cut short by max_tokens does
+    not parse and stays content. The finish reason stays the engine's, as vLLM reports forced calls."""
+    keeps_finish_reason = True
+
+    def __init__(self, name: str | None = None):
+        self.name = name  # the named function; None: "required", a list of calls
+
+    def starts_call(self, text: str) -> int:
+        return 0
+
+    def may_start(self, tail: str) -> bool:
+        return True
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        try:
+            value = json.loads(text)
+            if self.name is not None:
+                return "", [ToolCall(self.name, text)] if isinstance(value, dict) else []
+            return "", [ToolCall(str(c["name"]), json.dumps(c["parameters"], ensure_ascii=False)) for c in value]
+        except (ValueError, KeyError, TypeError):
+            return text, []
+
+
+def forced_schema(tools: list[dict], choice: str | dict) -> dict:
+    """The JSON schema of a forced call's answer: the named function's parameters, or ("required") a non-empty
+    list of {"name": one of the tools, "parameters": its parameters}. A ValueError names what is missing."""
+    functions = {}
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"tools[{i}] needs a function with a name")
+        functions[function["name"]] = function.get("parameters") or {"type": "object", "properties": {}}
+    if choice == "required":
+        return {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": params},
+             "required": ["name", "parameters"]} for name, params in functions.items()]}}
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if name not in functions:
+        raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
+    return functions[name]
 
 
 class StreamSplitter:
