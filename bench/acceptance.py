@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     spec = json.loads(args.speculative_config)
     ks, sets = parse_k(args, spec), parse_datasets(args.dataset)
     extra = json.loads(args.sampling)  # a bad option fails here, before anything loads
-    params = SamplingParams(**{"temperature": 0.0, "max_tokens": args.max_tokens, **extra})
+    params = SamplingParams.from_json(extra, temperature=0.0, max_tokens=args.max_tokens)
     src = model_source(argparse.Namespace(model=args.model, hf_config=None, load_format="auto", tokenizer=None))
     tokenizer = load_tokenizer(src.tokenizer_dir or src.ckpt)
     prompts = {name: unique(dataset_prompts(path, args.num_prompts, tokenizer)) for name, path in sets.items()}

@@ -191,6 +191,15 @@ class SamplingParams:
                                  f"{type(self.structured_outputs).__name__}")
             self.structured_outputs.validate()
 
+    @classmethod
+    def from_json(cls, values: dict, **defaults) -> "SamplingParams":
+        """SamplingParams from JSON values (a command line's, a config file's): `structured_outputs` as the
+        StructuredOutputsParams fields."""
+        values = {**defaults, **values}
+        if isinstance(values.get("structured_outputs"), dict):
+            values["structured_outputs"] = StructuredOutputsParams(**values["structured_outputs"])
+        return cls(**values)
+
     def clone(self) -> "SamplingParams":
         """A deep copy (vLLM's), so that changing one request's params leaves another's alone."""
         return copy.deepcopy(self)

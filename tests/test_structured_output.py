@@ -450,3 +450,20 @@ def test_bad_constraints_are_named_before_anything_runs(chat_dir):
     no_tokenizer = make_llm(tiny_weights())
     with pytest.raises(ValueError, match="need a tokenizer"):
         no_tokenizer.generate([[1, 2]], SamplingParams(structured_outputs=StructuredOutputsParams(regex="a")))
+
+
+def test_benchmarks_take_a_constraint_as_json():
+    """bench/throughput.py --sweep-sampling and bench/acceptance.py --sampling give SamplingParams.from_json the
+    StructuredOutputsParams fields as an object."""
+    from types import SimpleNamespace
+
+    from jaxspec.bench import throughput
+
+    p = SamplingParams.from_json({"structured_outputs": {"regex": "a+"}, "seed": 3}, temperature=0)
+    assert p.structured_outputs == StructuredOutputsParams(regex="a+") and p.seed == 3 and p.temperature == 0
+    args = SimpleNamespace(**{**throughput.PROCESSOR_OPTIONS, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                              "max_tokens": 8, "ignore_eos": False, "seed": 0,
+                              "sweep_sampling": '{"structured_outputs": {"json_object": true}}'})
+    (_, base), (label, options) = throughput.sampling_settings(args)
+    params = throughput.sampling_params(args, 2, options=options)
+    assert not base and "structured_outputs" in label and params[1].structured_outputs.json_object

@@ -120,8 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "k = 0..num_speculative_tokens (one LLM, policies swapped between runs; async only)")
     s.add_argument("--sweep-sampling", metavar="JSON",
                    help='another sampling setting run by every mode\'s LLM beside the base one, e.g. \'{"logprobs": 5, '
-                        '"presence_penalty": 0.5}\' (keys: the processor options above): the two alternate within '
-                        'each round of --repeats, so a cost comparison is one process on one host')
+                        '"presence_penalty": 0.5}\' (keys: the processor options above, and structured_outputs: '
+                        'StructuredOutputsParams fields): the two alternate within each round of --repeats, so a '
+                        'cost comparison is one process on one host')
     s.add_argument("--sweep-no-plain", action="store_true",
                    help="with --speculative-config: leave the no-speculation mode out (half the compiling)")
     s.add_argument("--hf-baseline", action="store_true", help="transformers generate on the same prompts")
@@ -234,7 +235,7 @@ def make_prompts(args, src: ModelSource, n: int) -> tuple[list[list[int]], str]:
 
 # the logits processors and logprobs a run may ask for: SamplingParams field -> its default (off)
 PROCESSOR_OPTIONS = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-                     "min_tokens": 0, "logprobs": None}
+                     "min_tokens": 0, "logprobs": None, "structured_outputs": None}
 
 
 def processor_options(args) -> dict:
@@ -262,9 +263,9 @@ def sampling_params(args, n: int, max_tokens: int | None = None, options: dict |
     `options`: processor options instead of the run's own."""
     from jaxspec.sampling_params import SamplingParams
     options = processor_options(args) if options is None else options
-    return [SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                           max_tokens=max_tokens or args.max_tokens, ignore_eos=args.ignore_eos,
-                           seed=(args.seed * 1_000_003 + i) % 2**32, **options) for i in range(n)]
+    return [SamplingParams.from_json(options, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                     max_tokens=max_tokens or args.max_tokens, ignore_eos=args.ignore_eos,
+                                     seed=(args.seed * 1_000_003 + i) % 2**32) for i in range(n)]
 
 
 # ---- bookkeeping
