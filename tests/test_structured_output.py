@@ -5,6 +5,7 @@ the engine's outputs against a plain full-sequence loop that masks with the auto
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from pathlib import Path
@@ -295,17 +296,20 @@ def random_eagle3_head(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "eagle", "eagle3", "preempt", "small_pool"])
+@pytest.mark.parametrize("mode", ["async", "sync", "eagle", "eagle3", "preempt", "small_pool", "multi_step"])
 def test_engine_greedy_equals_the_masked_full_sequence_loop(chat_dir, reference, tmp_path, mode):
     """Constrained and unconstrained requests in one batch: each output is the oracle's, with and without
     speculative decoding (random heads: drafts often refused), async and sync, through preemption (the state
-    walked again on the host), and with a pool that holds one automaton at a time (requests wait for room)."""
+    walked again on the host), with a pool that holds one automaton at a time (requests wait for room), and with
+    multi-step decoding."""
     kw = {"async_scheduling": mode != "sync"}
     if mode.startswith("eagle"):
         head = write_random_head(tmp_path / "head") if mode == "eagle" else random_eagle3_head(tmp_path / "head")
         kw["speculative_config"] = {"method": mode, "model": str(head), "num_speculative_tokens": 3}
     if mode == "preempt":
         kw["num_pages"] = 16
+    if mode == "multi_step":  # several decode steps a dispatch once nothing waits
+        kw["num_scheduler_steps"] = 4
     if mode == "small_pool":
         kw["structured_outputs_config"] = {"max_states": 45, "max_transitions": 4000}  # the largest: 41
     llm = make_llm(tiny_weights(), chat_dir, **kw)
@@ -380,24 +384,32 @@ def test_json_schema_answers_parse(byte_dir):
         check_answer(o.outputs[0].text)
 
 
-def test_server_takes_every_form_of_the_constraint(byte_dir):
-    """The OpenAI server: response_format json_schema / json_object, vLLM's structured_outputs and guided_*
-    fields, streamed and not; each answer the offline LLM's with the same constraint; conflicting or unknown
-    forms are 400s naming the field."""
+def byte_llm(path: str):
+    """The byte-level tiny LLM (importable: an engine process builds its own)."""
+    return make_llm(tiny_weights(cfg=BYTE_TINY), Path(path), cfg=BYTE_TINY)
+
+
+@pytest.mark.parametrize("engine", ["thread", "process"])
+def test_server_takes_every_form_of_the_constraint(byte_dir, engine):
+    """The OpenAI server, its engine on a thread or in its own process: response_format json_schema /
+    json_object, vLLM's structured_outputs and guided_* fields, forced tool calls, streamed and not; each answer
+    the offline LLM's with the same constraint; conflicting or unknown forms are 400s naming the field."""
     import httpx
     import openai
 
     from jaxspec.serve.app import build_app
+    from jaxspec.serve.engine_process import EngineProcess
     from tests.test_serve import running
 
-    llm = make_llm(tiny_weights(cfg=BYTE_TINY), byte_dir, cfg=BYTE_TINY)
+    llm = byte_llm(str(byte_dir))
     choice = StructuredOutputsParams(choice=["yes", "no way"])
     want_choice = llm.generate(["q"], SamplingParams(temperature=0, max_tokens=20, structured_outputs=choice),
                                use_tqdm=False)[0].outputs[0].text
     want_json = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(
         temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=JSON_SCHEMA)),
         use_tqdm=False)[0].outputs[0].text
-    with running(build_app(llm, served_model_name="m")) as url:
+    served = EngineProcess.launch(functools.partial(byte_llm, str(byte_dir))) if engine == "process" else llm
+    with running(build_app(served, served_model_name="m")) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none")
         chat = dict(model="m", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=60)
         fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": JSON_SCHEMA}}
