@@ -8,6 +8,11 @@ a regex. A JSON schema becomes a regex by outlines-core's `build_regex_from_sche
 choices. Context-free grammars (`grammar`) and structural tags need a pushdown automaton; they are refused by name
 before anything runs. In a final state the model's EOS tokens are allowed (and keep the state); a state that
 allows nothing but them ends the answer.
+
+Building an automaton takes milliseconds for a typical schema and seconds for a large one (json_object over a 49k
+vocabulary: ~7 s); outlines-core releases the GIL meanwhile, so `Compiler` builds on a thread: a request waits up
+to COMPILE_WAIT_S for it (its errors are then raised before anything runs), and past that waits in the queue
+while the engine steps the others (LLMEngine settles it, aborting the request if the build fails).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json as json_module
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +30,7 @@ CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_
 BACKENDS = ("auto", "outlines", "xgrammar", "guidance", "lm-format-enforcer")  # vLLM's names; outlines-core runs all
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # what Rust's regex::escape escapes (outlines-core's regex engine)
 CACHE_SIZE = 128  # compiled automata kept per engine (vLLM keeps 128 outlines indexes)
+COMPILE_WAIT_S = 0.5  # how long adding a request waits for its automaton before leaving it to build on its own
 
 
 @dataclass
@@ -292,26 +299,51 @@ class Compiler:
         self.tokenizer, self.vocab_size, self.end_ids = tokenizer, vocab_size, set(end_ids)
         self._vocabulary = None
         self._cache: OrderedDict[str, Automaton] = OrderedDict()
+        self._building: dict[str, Future] = {}  # regex -> its build on the thread
+        self._thread: ThreadPoolExecutor | None = None
 
-    def compile(self, params: StructuredOutputsParams) -> tuple[str, Automaton]:
-        """(the constraint's cache key, its automaton); a ValueError naming the field when it cannot be built."""
+    def compile(self, params: StructuredOutputsParams,
+                wait_s: float | None = None) -> tuple[str, Automaton | Future]:
+        """(the constraint's cache key, its automaton), or a Future of it when building takes longer than wait_s
+        (default COMPILE_WAIT_S; None waits); a ValueError naming the field when it cannot be built in time."""
+        regex = params.to_regex()
+        if regex in self._cache:
+            self._cache.move_to_end(regex)
+            return regex, self._cache[regex]
+        self.vocabulary()  # (its errors now, on this thread)
+        future = self._building.get(regex)
+        if future is None:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="jaxspec-automaton")
+            what = f"{type(params).__name__}.{params.kind}"
+            future = self._building[regex] = self._thread.submit(self._build, regex, what)
+        try:
+            return regex, self.settle(regex, future, COMPILE_WAIT_S if wait_s is None else wait_s)
+        except TimeoutError:
+            return regex, future
+
+    def settle(self, regex: str, future: Future, wait_s: float | None = 0) -> Automaton:
+        """A build's automaton, cached (TimeoutError: not done in wait_s; its ValueError if it failed)."""
+        try:
+            automaton = future.result(timeout=wait_s)
+        except ValueError:
+            self._building.pop(regex, None)
+            raise
+        self._building.pop(regex, None)
+        self._cache[regex] = automaton
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return automaton
+
+    def _build(self, regex: str, what: str) -> Automaton:
         from outlines_core import Index
 
-        regex = params.to_regex()
-        automaton = self._cache.get(regex)
-        if automaton is None:
-            try:
-                index = Index(regex, self.vocabulary())
-            except (ValueError, TypeError, RuntimeError) as e:
-                raise ValueError(f"{type(params).__name__}.{params.kind}: cannot compile {_short(regex)!r} over this "
-                                 f"tokenizer ({e})") from None
-            automaton = build_automaton(index.get_transitions(), index.get_initial_state(),
-                                        set(index.get_final_states()), self.end_ids, self.vocab_size)
-            self._cache[regex] = automaton
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(regex)
-        return regex, automaton
+        try:
+            index = Index(regex, self.vocabulary())
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{what}: cannot compile {_short(regex)!r} over this tokenizer ({e})") from None
+        return build_automaton(index.get_transitions(), index.get_initial_state(), set(index.get_final_states()),
+                               self.end_ids, self.vocab_size)
 
     def vocabulary(self):
         if self._vocabulary is None:

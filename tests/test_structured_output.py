@@ -99,7 +99,7 @@ def test_automaton_equals_outlines_index(tmp_path):
     tok = _chat_tokenizer(tmp_path)
     compiler = Compiler(tok, TINY.vocab_size, {127})
     regex = "(ab|c)+ [A-C]?x"
-    _, a = compiler.compile(StructuredOutputsParams(regex=regex))
+    _, a = compiler.compile(StructuredOutputsParams(regex=regex), wait_s=None)
     index = Index(regex, compiler.vocabulary())
     numbered = sorted(index.get_transitions())
     assert a.num_states == len(numbered) and a.initial == numbered.index(index.get_initial_state())
@@ -254,7 +254,7 @@ def masked_greedy_reference(w, tok, prompt: str, constraint, max_tokens: int) ->
 
     automaton = None
     if constraint is not None:
-        automaton = Compiler(tok, TINY.vocab_size, {EOS}).compile(constraint)[1]
+        automaton = Compiler(tok, TINY.vocab_size, {EOS}).compile(constraint, wait_s=None)[1]
     ids, out = tok.encode(prompt), []
     while len(out) < max_tokens:
         padded = np.zeros((1, 128), np.int32)
@@ -448,6 +448,24 @@ def test_server_takes_every_form_of_the_constraint(byte_dir, engine):
                             ({"tools": tools, "tool_choice": "required", "guided_regex": "a"}, "tool_choice")]:
             r = httpx.post(url + "/v1/chat/completions", json=chat | body)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_automata_that_build_slowly_leave_the_engine_running(chat_dir, reference, monkeypatch):
+    """With no wait for a build (as for an automaton that takes seconds), requests are added at once and wait in
+    the queue while theirs build on the compiler's thread; outputs are the oracle's. A build that fails aborts its
+    request alone (its error logged); the others finish."""
+    import jaxspec.structured_output as so
+
+    monkeypatch.setattr(so, "COMPILE_WAIT_S", 0.0)
+    llm = make_llm(tiny_weights(), chat_dir)
+    params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=c) for c in CONSTRAINTS]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    digits = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="[0-9]{2,}"))
+    outs = llm.generate(["abc", "abc"], [SamplingParams(temperature=0, max_tokens=40), digits], use_tqdm=False)
+    assert outs[1].outputs[0].finish_reason == "abort" and not outs[1].outputs[0].token_ids
+    assert outs[0].outputs[0].token_ids == masked_greedy_reference(tiny_weights(), llm.get_tokenizer(), "abc",
+                                                                   None, 40)
 
 
 def test_bad_constraints_are_named_before_anything_runs(chat_dir):

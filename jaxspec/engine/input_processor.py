@@ -11,6 +11,7 @@ child requests, so n samples equal n single requests with those seeds.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -128,7 +129,8 @@ class InputProcessor:
                         self._grammar(p))
 
     def _grammar(self, p: SamplingParams):
-        """The request's constraint compiled (structured_output.Compiler), checked against the device pool."""
+        """The request's constraint compiled (structured_output.Compiler; a Future while it takes longer than
+        COMPILE_WAIT_S), checked against the device pool."""
         if p.structured_outputs is None:
             return None
         if self.tokenizer is None:
@@ -136,9 +138,26 @@ class InputProcessor:
         if self._compiler is None:
             self._compiler = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         key, automaton = self._compiler.compile(self.structured_outputs.applied(p.structured_outputs))
-        if self.grammar_pool is not None:
+        if self.grammar_pool is not None and not isinstance(automaton, Future):  # (else checked when built)
             self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{p.structured_outputs.kind}")
         return key, automaton
+
+    def settle_grammar(self, seq: Sequence, wait: bool = False) -> bool:
+        """A request whose automaton was still building when it was added (structured_output.Compiler): True once
+        its slot spec holds the automaton (shared by its samples); a ValueError if the build failed or the
+        automaton can never fit the pool. False: still building (wait: block until it is built)."""
+        key, future = seq.slot_spec.grammar
+        if not isinstance(future, Future):
+            return True
+        try:
+            automaton = self._compiler.settle(key, future, None if wait else 0)
+        except TimeoutError:
+            return False
+        if self.grammar_pool is not None:
+            kind = seq.params.structured_outputs.kind
+            self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{kind}")
+        seq.slot_spec.grammar = (key, automaton)
+        return True
 
     def _bad_words(self, words: list[str]) -> list[list[int]]:
         """vLLM's tokenization of bad words: each word as it is and with a leading space (when that gives another

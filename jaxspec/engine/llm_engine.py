@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,25 @@ class LLMEngine:
 
     def _reserve_grammar(self, seq: Sequence) -> bool:
         key, automaton = seq.slot_spec.grammar
+        if isinstance(automaton, Future):  # still building: it waits (_settle_grammars)
+            return False
         return self.runner.grammar_pool.reserve(key, automaton, seq)
+
+    def _settle_grammars(self) -> None:
+        """Waiting requests whose constraint's automaton was still building when they were added get it once it is
+        built; one whose build failed (or that can never fit the pool) is aborted, its error logged. With nothing
+        else to run, this waits for a build."""
+        pending = [s for s in self.scheduler.waiting
+                   if s.slot_spec is not None and s.slot_spec.grammar is not None
+                   and isinstance(s.slot_spec.grammar[1], Future)]
+        wait = bool(pending) and not self.in_flight and not self.scheduler.running
+        for i, seq in enumerate(pending):
+            try:
+                if self.input_processor.settle_grammar(seq, wait and i == 0):
+                    wait = False
+            except ValueError as e:
+                logger.warning("request %r aborted: %s", seq.request_id, e)
+                self.abort_request(seq.request_id)
 
     @classmethod
     def from_engine_args(cls, engine_args: "EngineArgs") -> "LLMEngine":
@@ -238,6 +257,7 @@ class LLMEngine:
         self._dirty = False
 
     def _turn(self, async_scheduling: bool) -> list[Sequence]:
+        self._settle_grammars()
         touched, self._unreported = self._unreported, []
         # sync: wait for step N before any host work on step N+1; the plan is still made before N's commit
         fetched = self._fetch(self.in_flight.popleft()) if self.in_flight and not async_scheduling else None
