@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+CONTENT_FORMATS = ("auto", "string", "openai")  # vLLM's chat_template_content_format
+
 
 def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None, tools: list[dict] | None = None,
@@ -25,6 +27,27 @@ def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: 
                                                ("chat_template", chat_template), ("tools", tools)) if value}
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **options, **extra)
+
+
+def with_content_format(messages: list[dict], content_format: str = "auto") -> list[dict]:
+    """vLLM's chat_template_content_format: each message's content as one string ("string", and "auto": the
+    Llama-family templates take strings; list contents of text parts are joined) or as OpenAI's list of
+    {"type": "text", "text"} parts ("openai"). Parts that are not text are refused by position."""
+    if content_format not in CONTENT_FORMATS:
+        raise ValueError(f"chat_template_content_format must be one of {', '.join(CONTENT_FORMATS)}, got "
+                         f"{content_format!r}")
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported, got {part!r}")
+            content = "".join(part["text"] for part in content)
+        if content_format == "openai" and isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        out.append({**message, "content": content} if "content" in message else dict(message))
+    return out
 
 
 def encode_chat(tokenizer: Any, messages: list[dict]) -> list[int]:

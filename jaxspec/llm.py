@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from jaxspec import compile_cache, loader, parallel
 from jaxspec.beam_search import BeamSearch, BeamSearchOutput
-from jaxspec.chat import render_chat
+from jaxspec.chat import render_chat, with_content_format
 from jaxspec.config import EngineConfig, SpeculativeConfig
 from jaxspec.engine.input_processor import InputProcessor
 from jaxspec.engine.llm_engine import LLMEngine
@@ -303,9 +303,11 @@ class LLM:
     def chat(self, messages, sampling_params=None, use_tqdm: bool | Callable[..., Any] = True,
              async_scheduling: bool | None = None, *, lora_request: None = None, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
+             chat_template_content_format: str = "auto") -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of them, through the model's chat template
-        (or `chat_template`); the template options are vLLM's (jaxspec.chat.render_chat)."""
+        (or `chat_template`); the template options are vLLM's (jaxspec.chat.render_chat; contents as
+        chat.with_content_format: strings, or lists of text parts)."""
         _vllm_defaults(lora_request, None)
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template; this model has none")
@@ -313,7 +315,8 @@ class LLM:
         options = dict(chat_template=chat_template, add_generation_prompt=add_generation_prompt,
                        continue_final_message=continue_final_message, tools=tools,
                        chat_template_kwargs=chat_template_kwargs)
-        texts = [render_chat(self.tokenizer, conv, **options) for conv in conversations]
+        texts = [render_chat(self.tokenizer, with_content_format(conv, chat_template_content_format), **options)
+                 for conv in conversations]
         prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False)} for t in texts]
         outs = self.generate(prompts, sampling_params, use_tqdm, async_scheduling)
         for out, text in zip(outs, texts):

@@ -57,3 +57,22 @@ def test_sampling_params_clone_is_deep():
     q.stop.append("y")
     q.logit_bias[4] = 2.0
     assert p == SamplingParams(stop=["x"], logit_bias={3: 1.0}, seed=2) and q.stop == ["x", "y"]
+
+
+def test_chat_template_content_format(llm):
+    """vLLM's chat_template_content_format: OpenAI's lists of text parts are joined for a template that takes
+    strings ("auto", "string"), and strings become parts for one that iterates them ("openai"); other parts and
+    formats are named."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "bc"}]}]
+    plain = [{"role": "user", "content": "abc"}]
+    strings = "{{ messages[0]['content'] }}"
+    iterated = "{% for p in messages[0]['content'] %}{{ p['text'] }}{% endfor %}"
+    want = llm.chat(plain, GREEDY, use_tqdm=False, chat_template=strings)[0]
+    for messages, template, fmt in [(parts, strings, "auto"), (parts, strings, "string"), (plain, iterated, "openai"),
+                                    (parts, iterated, "openai")]:
+        out = llm.chat(messages, GREEDY, use_tqdm=False, chat_template=template, chat_template_content_format=fmt)[0]
+        assert out.prompt == want.prompt == "abc" and out.outputs[0].token_ids == want.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"messages\[0\].content\[0\]: only text parts"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], GREEDY)
+    with pytest.raises(ValueError, match="chat_template_content_format must be one of"):
+        llm.chat(plain, GREEDY, chat_template_content_format="xml")

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jaxspec.chat import with_content_format
 from jaxspec.serve.tool_parsers import forced_schema
 from jaxspec.structured_output import StructuredOutputsParams
 
@@ -279,14 +280,10 @@ class ChatCompletionRequest(SamplingRequest):
 def conversation(messages: list[ChatMessage]) -> list[dict]:
     """The messages as the chat template takes them; text parts are joined, other parts are refused."""
     out = []
-    for i, m in enumerate(messages):
+    for m in messages:
         content = m.content or ""
         if isinstance(content, list):
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise ValueError(f"messages[{i}].content[{j}]: only text parts are supported, got "
-                                     f"type {part.type!r}")
-            content = "".join(part.text for part in content)
+            content = [part.model_dump(exclude_none=True) for part in content]
         msg = {"role": m.role, "content": content}
         extra = m.model_extra or {}
         if m.name is not None:
@@ -296,7 +293,7 @@ def conversation(messages: list[ChatMessage]) -> list[dict]:
         if extra.get("tool_calls"):  # an assistant's calls; arguments as objects, which templates render (vLLM's)
             msg["tool_calls"] = [_template_call(c) for c in extra["tool_calls"]]
         out.append(msg)
-    return out
+    return with_content_format(out, "string")
 
 
 def _template_call(call: dict) -> dict:
