@@ -59,6 +59,7 @@ class EngineArgs:
     generation_config: str = "auto"  # the model's sampling defaults: "auto", "vllm" (none) or a directory
     override_generation_config: dict | None = None
     structured_outputs_config: dict | None = None  # jaxspec.structured_output.StructuredOutputsConfig's fields
+    guided_decoding_backend: str | None = None  # vLLM's name before 0.11 for structured_outputs_config's backend
     # vLLM options with nothing (or one thing) to do here; `vllm_options` says what each does
     trust_remote_code: bool = False
     enforce_eager: bool = False
@@ -113,6 +114,7 @@ class EngineArgs:
         e.add_argument("--structured-outputs-config", type=_json_dict,
                        help='JSON, e.g. {"backend": "auto", "disable_any_whitespace": true, "max_states": 4096} '
                             "(the device pool of constraint automata: max_states, max_transitions)")
+        e.add_argument("--guided-decoding-backend", help="vLLM's older flag: structured_outputs_config's backend")
         e.add_argument("--trust-remote-code", action="store_true", help="accepted; jaxspec never runs model code")
         e.add_argument("--enforce-eager", action="store_true",
                        help="start fast: scanned layers, programs compiled on first use")

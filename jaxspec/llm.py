@@ -72,7 +72,8 @@ class LLM:
         per dispatch while nothing waits or prefills: multi-step decoding), enable_prefix_caching=True (vLLM's
         automatic prefix caching, jaxspec.engine.block_manager), generation_config="auto" and
         override_generation_config (the model's sampling defaults, jaxspec.generation_config),
-        structured_outputs_config (jaxspec.structured_output.StructuredOutputsConfig), kernel_config
+        structured_outputs_config (jaxspec.structured_output.StructuredOutputsConfig; guided_decoding_backend: vLLM's
+        older name for its backend), kernel_config
         (KernelConfig; default: its defaults with JAXSPEC_* environment overrides); vLLM's options without a
         jaxspec setting are taken as `jaxspec.engine_args.vllm_options` says, download_dir is where a preset is
         fetched. compilation_cache_dir: jax's persistent compilation cache (None: ~/.cache/jaxspec/xla; "": off;
@@ -121,11 +122,15 @@ class LLM:
                kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1,
                enable_prefix_caching: bool | None = None,
                generation_config: str = "auto", override_generation_config: dict | None = None,
-               structured_outputs_config: dict | None = None) -> None:
+               structured_outputs_config: dict | None = None, guided_decoding_backend: str | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
         self.default_sampling_values = default_sampling_values(tokenizer_dir, generation_config,
                                                                override_generation_config)
         spec = SpeculativeConfig.parse(speculative_config)
+        if guided_decoding_backend is not None:  # vLLM's name before 0.11
+            if structured_outputs_config is not None:
+                raise ValueError("give structured_outputs_config or guided_decoding_backend (its old name), not both")
+            structured_outputs_config = {"backend": guided_decoding_backend}
         structured = StructuredOutputsConfig.parse(structured_outputs_config)
         memory_fraction = _memory_fraction(gpu_memory_utilization, memory_fraction)
         page_size = _either("page_size", page_size, "block_size", block_size, 16)

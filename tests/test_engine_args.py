@@ -98,3 +98,27 @@ def test_vllm_options_without_a_jaxspec_setting(model_dir):
     args = EngineArgs.from_cli_args(parser.parse_args(["--no-enable-prefix-caching", "--model", "m"]))
     assert args.enable_prefix_caching is False
 
+
+
+def test_structured_outputs_settings(model_dir):
+    """structured_outputs_config (and vLLM's older guided_decoding_backend) reach the engine: the pool's size and
+    the engine-wide whitespace default; unknown keys, backends and a reasoning parser are named."""
+    ckpt, tok = model_dir
+    base = dict(tokenizer=str(tok), max_model_len=64, max_num_seqs=2)
+    llm = LLM(str(ckpt), structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True,
+                                                    "max_states": 64, "max_transitions": 1000}, **base)
+    pool = llm.llm_engine.runner.grammar_pool
+    assert (pool.max_states, pool.max_transitions) == (64, 1000)
+    assert llm.llm_engine.input_processor.structured_outputs.disable_any_whitespace
+    assert LLM(str(ckpt), guided_decoding_backend="outlines", **base).llm_engine.input_processor \
+        .structured_outputs.backend == "outlines"
+    for bad, match in [({"structured_outputs_config": {"backend": "mine"}}, "backend must be one of"),
+                       ({"structured_outputs_config": {"max_state": 1}}, r"unknown keys \['max_state'\]"),
+                       ({"structured_outputs_config": {"reasoning_parser": "deepseek_r1"}}, "reasoning_parser"),
+                       ({"guided_decoding_backend": "x", "structured_outputs_config": {}}, "not both")]:
+        with pytest.raises(ValueError, match=match):
+            LLM(str(ckpt), **bad, **base)
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--model", "m", "--structured-outputs-config",
+                                                       '{"max_states": 8}', "--guided-decoding-backend", "auto"]))
+    assert args.structured_outputs_config == {"max_states": 8} and args.guided_decoding_backend == "auto"
