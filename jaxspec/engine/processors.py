@@ -15,6 +15,8 @@ distribution plain decoding would sample there, and the output distribution stay
   2. penalties on the output so far (prompt too for repetition_penalty): repetition (CTRL: logit / r where the
      logit is > 0, logit * r otherwise), then - frequency_penalty * count - presence_penalty * [count > 0];
   3. / temperature (1 for greedy rows), then min_p, top-k and top-p remove tokens (-inf), renormalized.
+A structured-output constraint (engine/grammar.py) masks what its automaton refuses at the position after steps 1
+and 2 (-inf: the order does not matter), whatever else applies.
 Logprobs are log-softmax of that final distribution: for greedy rows the processed logits' log_softmax (what
 transformers' log_softmax of the same logits gives), for random rows the log of the distribution sampled from.
 
