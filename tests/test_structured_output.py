@@ -468,6 +468,14 @@ def test_automata_that_build_slowly_leave_the_engine_running(chat_dir, reference
                                                                    None, 40)
 
 
+def test_the_constraint_wins_where_the_processors_leave_it_nothing(chat_dir, reference):
+    """allowed_token_ids disjoint from every token the automaton allows: each position takes the constraint's
+    tokens on the raw logits (the oracle's answer without allowed_token_ids), not a distribution of nothing."""
+    llm = make_llm(tiny_weights(), chat_dir)
+    params = SamplingParams(temperature=0, max_tokens=40, allowed_token_ids=[100], structured_outputs=CONSTRAINTS[1])
+    assert llm.generate([PROMPTS[1]], params, use_tqdm=False)[0].outputs[0].token_ids == reference[1]
+
+
 def test_bad_constraints_are_named_before_anything_runs(chat_dir):
     llm = make_llm(tiny_weights(), chat_dir, structured_outputs_config={"max_states": 4})
     cases = [(StructuredOutputsParams(regex="[0-9]+"), "cannot compile"),  # no digits in this vocabulary

@@ -16,7 +16,8 @@ distribution plain decoding would sample there, and the output distribution stay
      logit is > 0, logit * r otherwise), then - frequency_penalty * count - presence_penalty * [count > 0];
   3. / temperature (1 for greedy rows), then min_p, top-k and top-p remove tokens (-inf), renormalized.
 A structured-output constraint (engine/grammar.py) masks what its automaton refuses at the position after steps 1
-and 2 (-inf: the order does not matter), whatever else applies.
+and 2 (-inf: the order does not matter), whatever else applies; where that leaves nothing, the constraint's
+tokens keep their raw logits.
 Logprobs are log-softmax of that final distribution: for greedy rows the processed logits' log_softmax (what
 transformers' log_softmax of the same logits gives), for random rows the log of the distribution sampled from.
 
@@ -212,7 +213,12 @@ def apply(logits: jax.Array, inputs: jax.Array, q0: jax.Array, state: ProcessorS
     out = out.at[b, t, jnp.maximum(ban.words, 0)].min(jnp.where(ban.words >= 0, -jnp.inf, jnp.inf))
     if g is None:
         return out
-    return jnp.where(grammar.allowed_rows(g.tables, ban.grammar, V), out, -jnp.inf)
+    allowed = grammar.allowed_rows(g.tables, ban.grammar, V)
+    out = jnp.where(allowed, out, -jnp.inf)
+    # where the processors leave nothing the constraint allows (allowed_token_ids or bad words disjoint from it),
+    # the constraint wins: its tokens on the raw logits (an automaton's state always allows some token)
+    empty = jnp.all(out == -jnp.inf, axis=-1, keepdims=True)
+    return jnp.where(empty & allowed, raw, out)
 
 
 def processed_at(logits: jax.Array, inputs: jax.Array, state: ProcessorState | None, slots: jax.Array,
