@@ -305,7 +305,7 @@ class Compiler:
     def compile(self, params: StructuredOutputsParams,
                 wait_s: float | None = None) -> tuple[str, Automaton | Future]:
         """(the constraint's cache key, its automaton), or a Future of it when building takes longer than wait_s
-        (default COMPILE_WAIT_S; None waits); a ValueError naming the field when it cannot be built in time."""
+        (None: as long as it takes); a ValueError naming the field when it cannot be built in time."""
         regex = params.to_regex()
         if regex in self._cache:
             self._cache.move_to_end(regex)
@@ -318,7 +318,7 @@ class Compiler:
             what = f"{type(params).__name__}.{params.kind}"
             future = self._building[regex] = self._thread.submit(self._build, regex, what)
         try:
-            return regex, self.settle(regex, future, COMPILE_WAIT_S if wait_s is None else wait_s)
+            return regex, self.settle(regex, future, wait_s)
         except TimeoutError:
             return regex, future
 

@@ -466,6 +466,13 @@ def test_automata_that_build_slowly_leave_the_engine_running(chat_dir, reference
     assert outs[1].outputs[0].finish_reason == "abort" and not outs[1].outputs[0].token_ids
     assert outs[0].outputs[0].token_ids == masked_greedy_reference(tiny_weights(), llm.get_tokenizer(), "abc",
                                                                    None, 40)
+    # nothing else runs: a failed build first, then another still building (the engine waits for it)
+    longer = StructuredOutputsParams(regex="[a-e ]{3,400}")
+    outs = llm.generate(["abc", "zeta"], [digits, SamplingParams(temperature=0, max_tokens=40,
+                                                                 structured_outputs=longer)], use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "abort"
+    assert outs[1].outputs[0].token_ids == masked_greedy_reference(tiny_weights(), llm.get_tokenizer(), "zeta",
+                                                                   longer, 40)
 
 
 def test_the_constraint_wins_where_the_processors_leave_it_nothing(chat_dir, reference):

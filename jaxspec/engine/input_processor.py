@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec import structured_output
 from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, SlotSpec
 from jaxspec.inputs import PROMPT_KEYS
@@ -137,7 +138,8 @@ class InputProcessor:
             raise ValueError("SamplingParams.structured_outputs need a tokenizer; this model has none")
         if self._compiler is None:
             self._compiler = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        key, automaton = self._compiler.compile(self.structured_outputs.applied(p.structured_outputs))
+        key, automaton = self._compiler.compile(self.structured_outputs.applied(p.structured_outputs),
+                                                structured_output.COMPILE_WAIT_S)
         if self.grammar_pool is not None and not isinstance(automaton, Future):  # (else checked when built)
             self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{p.structured_outputs.kind}")
         return key, automaton

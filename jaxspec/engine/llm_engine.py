@@ -141,14 +141,14 @@ class LLMEngine:
     def _settle_grammars(self) -> None:
         """Waiting requests whose constraint's automaton was still building when they were added get it once it is
         built; one whose build failed (or that can never fit the pool) is aborted, its error logged. With nothing
-        else to run, this waits for a build."""
+        else to run, this waits until one is built (past those that fail)."""
         pending = [s for s in self.scheduler.waiting
                    if s.slot_spec is not None and s.slot_spec.grammar is not None
                    and isinstance(s.slot_spec.grammar[1], Future)]
-        wait = bool(pending) and not self.in_flight and not self.scheduler.running
-        for i, seq in enumerate(pending):
+        wait = not self.in_flight and not self.scheduler.running
+        for seq in pending:
             try:
-                if self.input_processor.settle_grammar(seq, wait and i == 0):
+                if self.input_processor.settle_grammar(seq, wait):
                     wait = False
             except ValueError as e:
                 logger.warning("request %r aborted: %s", seq.request_id, e)
