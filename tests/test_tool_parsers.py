@@ -123,3 +123,20 @@ def test_pythonic_arguments_are_literals():
     (call,) = PythonicParser().parse('[search(query="a b", limit=3, exact=True, tags=["x", "y"], opts={"k": None})]')[1]
     assert call.name == "search" and json.loads(call.arguments) == {
         "query": "a b", "limit": 3, "exact": True, "tags": ["x", "y"], "opts": {"k": None}}
+
+
+def test_forced_calls_are_read_and_cut_answers_stay_content():
+    """A forced call's answer (tool_choice named or "required") is the call; an answer that is not one (cut by
+    max_tokens, or JSON of another shape) stays content."""
+    from jaxspec.serve.tool_parsers import ForcedParser
+
+    named = ForcedParser("get")
+    content, calls = named.parse('{"city": "P"}')
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("get", '{"city": "P"}')]
+    content, calls = ForcedParser().parse('[{"name": "get", "parameters": {"city": "P"}}, {"name": "now", '
+                                          '"parameters": {}}]')
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("get", {"city": "P"}),
+                                                                                    ("now", {})]
+    for parser, text in [(named, '{"city": "P'), (named, "[1]"), (ForcedParser(), '[{"name": "get"'),
+                         (ForcedParser(), '[{"nam": 1}]')]:
+        assert parser.parse(text) == (text, [])

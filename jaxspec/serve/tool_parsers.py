@@ -152,10 +152,12 @@ class ForcedParser:
         try:
             value = json.loads(text)
             if self.name is not None:
-                return "", [ToolCall(self.name, text)] if isinstance(value, dict) else []
-            return "", [ToolCall(str(c["name"]), json.dumps(c["parameters"], ensure_ascii=False)) for c in value]
+                calls = [ToolCall(self.name, text)] if isinstance(value, dict) else []
+            else:
+                calls = [ToolCall(str(c["name"]), json.dumps(c["parameters"], ensure_ascii=False)) for c in value]
         except (ValueError, KeyError, TypeError):
-            return text, []
+            calls = []
+        return ("", calls) if calls else (text, [])
 
 
 def forced_schema(tools: list[dict], choice: str | dict) -> dict:
