@@ -56,7 +56,7 @@ class StructuredOutputsParams:
         owner = type(self).__name__
         if hasattr(self.json, "model_json_schema"):  # a pydantic model class, as vLLM takes it
             self.json = self.json.model_json_schema()
-        given = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
+        given = self._given()
         if len(given) != 1:
             raise ValueError(f"{owner} needs exactly one constraint of {', '.join(CONSTRAINTS)}; got "
                              f"{', '.join(given) or 'none'}")
@@ -86,9 +86,13 @@ class StructuredOutputsParams:
         if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
             raise ValueError(f"{owner}.whitespace_pattern must be a string, got {self.whitespace_pattern!r}")
 
+    def _given(self) -> list[str]:
+        return [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
+
     @property
     def kind(self) -> str:
-        return next(name for name in CONSTRAINTS if getattr(self, name) not in (None, False))
+        """The one constraint given (validate)."""
+        return self._given()[0]
 
     def to_regex(self) -> str:
         """The constraint as the regex outlines-core compiles."""
@@ -326,10 +330,9 @@ class Compiler:
         """A build's automaton, cached (TimeoutError: not done in wait_s; its ValueError if it failed)."""
         try:
             automaton = future.result(timeout=wait_s)
-        except ValueError:
-            self._building.pop(regex, None)
-            raise
-        self._building.pop(regex, None)
+        finally:
+            if future.done():  # built or failed: no longer building
+                self._building.pop(regex, None)
         self._cache[regex] = automaton
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)

@@ -67,13 +67,6 @@ def walk(t: GrammarTables, state: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.stack(states, axis=1)
 
 
-def commit(t: GrammarTables, state: jax.Array, tokens: jax.Array, live: jax.Array) -> jax.Array:
-    """The state after the live tokens of [B, T] (live: a prefix of each row) from state [B]."""
-    for j in range(tokens.shape[1]):
-        state = jnp.where(live[:, j], step(t, state, tokens[:, j]), state)
-    return state
-
-
 def allowed(t: GrammarTables, state: jax.Array, ids: jax.Array) -> jax.Array:
     """Whether token ids are allowed in states (broadcast); everything is where state is NONE."""
     state, ids = jnp.broadcast_arrays(state, ids)
@@ -130,6 +123,7 @@ def row_states(g: GrammarState, slots: jax.Array, own: jax.Array) -> jax.Array:
 
 def commit_rows(g: GrammarState, slots: jax.Array, own: jax.Array, tokens: jax.Array,
                 live: jax.Array) -> GrammarState:
-    """The slots' states after the rows' live tokens [B, T]."""
-    state = commit(g.tables, row_states(g, slots, own), tokens, live)
+    """The slots' states after the rows' live tokens [B, T] (live: a prefix of each row)."""
+    states = walk(g.tables, row_states(g, slots, own), tokens)  # [B, T + 1]
+    state = jnp.take_along_axis(states, jnp.sum(live, axis=1, dtype=jnp.int32)[:, None], axis=1)[:, 0]
     return GrammarState(g.tables, g.state.at[slots].set(state))

@@ -120,24 +120,17 @@ class GrammarPool:
             return
         p.uploaded = True
         a = p.automaton
-        words = a.allowed.shape[1]
         chunks = max(-(-a.num_states // CHUNK_STATES), -(-a.num_transitions // CHUNK_TRANSITIONS), 1)
         for i in range(chunks):
-            s0, e0 = i * CHUNK_STATES, i * CHUNK_TRANSITIONS
-            ns = max(0, min(CHUNK_STATES, a.num_states - s0))
-            ne = max(0, min(CHUNK_TRANSITIONS, a.num_transitions - e0))
-            allowed = np.zeros((CHUNK_STATES, words), np.uint32)
-            row_start, row_len = np.zeros(CHUNK_STATES, np.int32), np.zeros(CHUNK_STATES, np.int32)
-            only_end = np.zeros(CHUNK_STATES, bool)
-            tokens, nxt = np.zeros(CHUNK_TRANSITIONS, np.int32), np.zeros(CHUNK_TRANSITIONS, np.int32)
-            allowed[:ns] = a.allowed[s0:s0 + ns]
-            row_start[:ns] = a.row_start[s0:s0 + ns] + p.edge_at
-            row_len[:ns] = a.row_len[s0:s0 + ns]
-            only_end[:ns] = a.only_end[s0:s0 + ns]
-            tokens[:ne] = a.tokens[e0:e0 + ne]
-            nxt[:ne] = a.next[e0:e0 + ne] + p.state_at
-            counts = np.array([p.state_at + s0, ns, p.edge_at + e0, ne], np.int32)
-            yield counts, allowed, row_start, row_len, only_end, tokens, nxt
+            states = slice(i * CHUNK_STATES, (i + 1) * CHUNK_STATES)
+            edges = slice(i * CHUNK_TRANSITIONS, (i + 1) * CHUNK_TRANSITIONS)
+            row_len = a.row_len[states]
+            counts = np.array([p.state_at + states.start, len(row_len), p.edge_at + edges.start,
+                               len(a.tokens[edges])], np.int32)
+            yield (counts, _padded(a.allowed[states], CHUNK_STATES),
+                   _padded(a.row_start[states] + p.edge_at, CHUNK_STATES), _padded(row_len, CHUNK_STATES),
+                   _padded(a.only_end[states], CHUNK_STATES), _padded(a.tokens[edges], CHUNK_TRANSITIONS),
+                   _padded(a.next[edges] + p.state_at, CHUNK_TRANSITIONS))
 
     def initial_state(self, key: str, output_token_ids: list[int]) -> int:
         """The pool state of a request admitted with these output tokens (recomputed after preemption; none: the
@@ -151,3 +144,10 @@ class GrammarPool:
         admission."""
         for placement in self.placements.values():
             placement.uploaded = False
+
+
+def _padded(rows: np.ndarray, size: int) -> np.ndarray:
+    """rows [n, ...] (n <= size) padded with zeros to [size, ...]: the fixed shapes of one upload."""
+    out = np.zeros((size,) + rows.shape[1:], rows.dtype)
+    out[:len(rows)] = rows
+    return out

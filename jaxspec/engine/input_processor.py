@@ -140,9 +140,13 @@ class InputProcessor:
             self._compiler = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         key, automaton = self._compiler.compile(self.structured_outputs.applied(p.structured_outputs),
                                                 structured_output.COMPILE_WAIT_S)
-        if self.grammar_pool is not None and not isinstance(automaton, Future):  # (else checked when built)
-            self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{p.structured_outputs.kind}")
+        if not isinstance(automaton, Future):  # (else checked when built: settle_grammar)
+            self._check_fits(automaton, p)
         return key, automaton
+
+    def _check_fits(self, automaton, p: SamplingParams) -> None:
+        if self.grammar_pool is not None:
+            self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{p.structured_outputs.kind}")
 
     def settle_grammar(self, seq: Sequence, wait: bool = False) -> bool:
         """A request whose automaton was still building when it was added (structured_output.Compiler): True once
@@ -155,9 +159,7 @@ class InputProcessor:
             automaton = self._compiler.settle(key, future, None if wait else 0)
         except TimeoutError:
             return False
-        if self.grammar_pool is not None:
-            kind = seq.params.structured_outputs.kind
-            self.grammar_pool.check(automaton, f"SamplingParams.structured_outputs.{kind}")
+        self._check_fits(automaton, seq.params)
         seq.slot_spec.grammar = (key, automaton)
         return True
 

@@ -326,9 +326,10 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     temperature, top_k, top_p, seeds = sampler.unpack_params(sampling)
     proc, gstate = state.proc, state.grammar
     g = gstate if spec.grammar else None
+    params = processors.Params.unpack(sampling)
     if spec.extended:
         # the chunk's tokens enter the processor state first: the first token's penalties count the prompt
-        prompt_len = processors.Params.unpack(sampling).prompt_len
+        prompt_len = params.prompt_len
         recent = tok_valid & (positions > first_pos[tok_rows] - 1 - processors.HISTORY)
         proc = processors.prefill_tokens(proc, jnp.where(tok_valid, slots[tok_rows], S), tokens, positions,
                                          prompt_len[tok_rows], recent)
@@ -355,8 +356,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     if spec.extended:  # the first token is counted before the drafts that follow it are processed
         proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
     if g is not None:
-        own = processors.Params.unpack(sampling).extended
-        g = gstate = grammar.commit_rows(g, slots, own, first[:, None], commit[:, None])
+        g = gstate = grammar.commit_rows(g, slots, params.extended, first[:, None], commit[:, None])
     if k > 0:
         h = out[0, last_index]  # [R, H]
         drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, first_pos, tables, real, slots,

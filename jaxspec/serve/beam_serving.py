@@ -31,7 +31,7 @@ def beam_search_params(req: api.SamplingRequest, max_tokens: int | None, prompt_
     try:
         constrained = req.structured_output() is not None
     except api.FieldError as e:
-        raise APIError(str(e), param=e.field) from None
+        raise bad_value(e) from None
     if constrained:  # its steps pick beams by logprobs alone: a constraint would be silently dropped
         raise APIError("structured outputs (response_format, tool_choice, structured_outputs, guided_*) are not "
                        "supported with use_beam_search", param="use_beam_search")

@@ -46,7 +46,10 @@ class APIError(Exception):
 
 
 def bad_value(error: ValueError) -> APIError:
-    """A 400 from a ValueError of the engine or SamplingParams, with the parameter it names as `param`."""
+    """A 400 from a ValueError of the engine, SamplingParams or a request field (protocol.FieldError), with the
+    parameter it names as `param`."""
+    if isinstance(error, api.FieldError):
+        return APIError(str(error), 400, error.field)
     named = re.search(r"(?:Sampling|BeamSearch)Params\.(\w+)", str(error))
     return APIError(str(error), 400, named.group(1) if named else None)
 
@@ -70,7 +73,7 @@ def sampling_params(req: api.SamplingRequest, max_tokens: int | None, defaults: 
     try:
         values |= req.sampling_values()
     except api.FieldError as e:  # a structured-output field that does not parse
-        raise APIError(str(e), param=e.field) from None
+        raise bad_value(e) from None
     if defaults.get("max_tokens") is not None:
         max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
     for name in values:
@@ -374,11 +377,20 @@ class ChatFormat(_Format):
         super().__init__(*a, **kw)
         self.role, self.echoed = self.req.response_role(response_role), self.req.echoed_text(response_role)
         # the answers are parsed for tool calls when the request lets the model call its tools
-        mode = self.req.tool_choice_mode() if self.req.tools else "none"
-        self.parser = (PARSERS[tool_parser]() if tool_parser is not None and mode == "auto" else ForcedParser()
-                       if mode == "required" else ForcedParser(self.req.tool_choice["function"]["name"])
-                       if mode == "named" else None)
+        self.parser = self._tool_parser(tool_parser)
+        # forced calls keep the engine's finish_reason (vLLM's); parsed ones report "tool_calls"
+        self.forced = isinstance(self.parser, ForcedParser)
         self.splitters: dict[int, StreamSplitter] = {}
+
+    def _tool_parser(self, tool_parser: str | None):
+        """What reads tool calls in the answers: the server's parser when the model may call the tools ("auto"),
+        ForcedParser when the request forces calls, else None."""
+        mode = self.req.tool_choice_mode() if self.req.tools else "none"
+        if mode == "auto":
+            return PARSERS[tool_parser]() if tool_parser is not None else None
+        if mode == "required":
+            return ForcedParser()
+        return ForcedParser(self.req.tool_choice["function"]["name"]) if mode == "named" else None
 
     def _logprobs(self, token_ids: list[int], steps: list) -> api.ChatLogprobs:
         content = []
@@ -403,7 +415,6 @@ class ChatFormat(_Format):
                 events.append(self._envelope(f'{{"index":{index},"delta":{{"content":{_js(self.echoed)}}},'
                                              '"logprobs":null,"finish_reason":null}'))
         text, finish, calls = comp.text, comp.finish_reason, []
-        forced = getattr(self.parser, "keeps_finish_reason", False)
         if self.parser is not None:  # text that may be a tool call is held until the answer ends
             splitter = self.splitters.setdefault(index, StreamSplitter(self.parser))
             text = splitter.feed(comp.text)
@@ -418,8 +429,9 @@ class ChatFormat(_Format):
                                          f'{"null" if calls else _js(comp.stop_reason)}}}'))
         if calls:  # each call whole in one delta (a client joins the argument pieces it gets; here there is one)
             deltas = [{"index": i, **call.as_dict()} for i, call in enumerate(self._calls(calls))]
+            reason = finish if self.forced else "tool_calls"
             events.append(self._envelope(f'{{"index":{index},"delta":{{"tool_calls":{_json(deltas)}}},'
-                                         f'"logprobs":null,"finish_reason":{_js(finish if forced else "tool_calls")},'
+                                         f'"logprobs":null,"finish_reason":{_js(reason)},'
                                          f'"stop_reason":{_js(comp.stop_reason)}}}'))
         return events
 
@@ -427,9 +439,8 @@ class ChatFormat(_Format):
         if self.parser is not None:
             content, calls = self.parser.parse(text)
             if calls:
-                forced = getattr(self.parser, "keeps_finish_reason", False)
                 return api.ChatResponseMessage(role=self.role, content=content, tool_calls=[
-                    c.as_dict() for c in self._calls(calls)]), finish if forced else "tool_calls"
+                    c.as_dict() for c in self._calls(calls)]), finish if self.forced else "tool_calls"
         return api.ChatResponseMessage(role=self.role, content=self.echoed + text), finish
 
     def response(self) -> dict:

@@ -136,8 +136,7 @@ PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "pythonic": 
 
 class ForcedParser:
     """The answer to a forced tool choice is the call itself (module docstring); one cut short by max_tokens does
-    not parse and stays content. The finish reason stays the engine's, as vLLM reports forced calls."""
-    keeps_finish_reason = True
+    not parse and stays content."""
 
     def __init__(self, name: str | None = None):
         self.name = name  # the named function; None: "required", a list of calls
