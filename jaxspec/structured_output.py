@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json as json_module
+import logging
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,10 +27,14 @@ from typing import Any
 
 import numpy as np
 
+logger = logging.getLogger("jaxspec")
+
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 BACKENDS = ("auto", "outlines", "xgrammar", "guidance", "lm-format-enforcer")  # vLLM's names; outlines-core runs all
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # what Rust's regex::escape escapes (outlines-core's regex engine)
 CACHE_SIZE = 128  # compiled automata kept per engine (vLLM keeps 128 outlines indexes)
+END_MARK = "\U0010fffd".encode()  # a private-use character no tokenizer has: end_marked
+END_MARK_REGEX = r"\x{10fffd}"
 COMPILE_WAIT_S = 0.5  # how long adding a request waits for its automaton before leaving it to build on its own
 
 
@@ -244,7 +249,7 @@ def build_automaton(transitions: dict[int, dict[int, int]], initial: int, final:
     ends = np.array(sorted(t for t in end_ids if t < vocab_size), np.int64)
     rows_t, rows_n = [], []
     for s in states:
-        row = transitions.get(s, {})
+        row = {t: n for t, n in transitions.get(s, {}).items() if t < vocab_size}
         t = np.fromiter(row.keys(), np.int64, len(row))
         n = np.fromiter((number[x] for x in row.values()), np.int64, len(row))
         if s in final:
@@ -263,6 +268,35 @@ def build_automaton(transitions: dict[int, dict[int, int]], initial: int, final:
     only_end = np.array([len(t) > 0 and np.isin(t, ends).all() for t in rows_t], bool)
     return Automaton(initial=number[initial], allowed=allowed, row_start=row_start, row_len=row_len,
                      only_end=only_end, tokens=tokens, next=np.concatenate(rows_n).astype(np.int32))
+
+
+def end_marked(transitions: dict[int, dict[int, int]], index_final: set[int], initial: int, mark_id: int,
+               eos: int) -> tuple[dict[int, dict[int, int]], set[int]]:
+    """outlines-core's index of `(?:regex)END_MARK` over a vocabulary holding END_MARK as token `mark_id` -> the
+    regex's own (transitions, final states).
+
+    outlines-core (0.2.x) drops every token that leads from an accepting state to a state that is not accepting
+    (regex-automata reports a match one byte late, and the index tests the state after the token for a match):
+    `(ab)*` would allow "ab" but never "a" then "b", and `[0-9]+(\\.[0-9]+)?` no "." after a whole number. With
+    the mark after the regex no state inside it accepts, so every token is kept; a state is final where the mark
+    completes a match from it. The mark's edges and the index's EOS loops go, then every state that is not on a
+    path from the initial state to a final one (the bytes of the mark read as tokens, say)."""
+    final = {s for s, row in transitions.items() if row.get(mark_id) in index_final}
+    rows = {s: {t: n for t, n in row.items() if t not in (mark_id, eos)} for s, row in transitions.items()}
+    reached, todo = {initial}, [initial]
+    while todo:
+        for n in rows.get(todo.pop(), {}).values():
+            if n not in reached:
+                reached.add(n)
+                todo.append(n)
+    live, grew = final & reached, True
+    while grew:  # the reached states from which a final state is reachable
+        grew = False
+        for s in reached - live:
+            if any(n in live for n in rows.get(s, {}).values()):
+                live.add(s)
+                grew = True
+    return {s: {t: n for t, n in rows.get(s, {}).items() if n in live} for s in live}, final & live
 
 
 def token_bytes(tokenizer: Any) -> dict[bytes, list[int]]:
@@ -342,6 +376,19 @@ class Compiler:
         from outlines_core import Index
 
         try:
+            index = Index(f"(?:{regex}){END_MARK_REGEX}", self.vocabulary())
+        except (ValueError, TypeError, RuntimeError):
+            index = None  # (a vocabulary with some of the mark's bytes as tokens but not all: the index as it is)
+        if index is not None:
+            initial = index.get_initial_state()
+            transitions, final = end_marked(index.get_transitions(), set(index.get_final_states()), initial,
+                                            self.vocab_size, min(self.end_ids))
+            if initial not in transitions:
+                raise ValueError(f"{what}: {_short(regex)!r} allows no text made of this tokenizer's tokens")
+            return build_automaton(transitions, initial, final, self.end_ids, self.vocab_size)
+        logger.warning("%s: outlines-core's index of %r with an end mark failed; the plain index refuses tokens that "
+                       "leave an accepting state for one that is not", what, _short(regex))
+        try:
             index = Index(regex, self.vocabulary())
         except (ValueError, TypeError, RuntimeError) as e:
             raise ValueError(f"{what}: cannot compile {_short(regex)!r} over this tokenizer ({e})") from None
@@ -358,6 +405,7 @@ class Compiler:
             eos = min(self.end_ids)
             vocab = {data: [i for i in ids if i != eos and i < self.vocab_size]
                      for data, ids in token_bytes(self.tokenizer).items()}
+            vocab[END_MARK] = vocab.get(END_MARK, []) + [self.vocab_size]  # end_marked's token (see there)
             self._vocabulary = Vocabulary(eos, {data: ids for data, ids in vocab.items() if ids})
         return self._vocabulary
 

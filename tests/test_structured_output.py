@@ -91,27 +91,29 @@ def test_regexes_of_each_kind():
 # ---- the automaton
 
 
-def test_automaton_equals_outlines_index(tmp_path):
-    """Every state's allowed tokens and transitions as outlines-core's index has them, EOS allowed (and kept) in
-    the final states only; walk follows it."""
-    from outlines_core import Index
+@pytest.mark.parametrize("pattern", ["(ab|c)+ [A-C]?x", "((ab|c) )+", "[a-d]*(B[a-c]+)?x?", "(a|bc)*"])
+def test_automaton_holds_the_regex_language(tmp_path, pattern):
+    """Against the `regex` module's partial matching, over a tokenizer of one character a token: from each state
+    (the text that first reaches it), a token is allowed iff text + token can still become a match, EOS (allowed
+    and kept) iff text matches. Among them: tokens that leave an accepting state for one that is not (outlines-core's
+    own index drops those)."""
+    import regex as oracle
 
     tok = _chat_tokenizer(tmp_path)
-    compiler = Compiler(tok, TINY.vocab_size, {127})
-    regex = "(ab|c)+ [A-C]?x"
-    _, a = compiler.compile(StructuredOutputsParams(regex=regex), wait_s=None)
-    index = Index(regex, compiler.vocabulary())
-    numbered = sorted(index.get_transitions())
-    assert a.num_states == len(numbered) and a.initial == numbered.index(index.get_initial_state())
-    for local, state in enumerate(numbered):
-        allowed = np.flatnonzero(np.unpackbits(a.allowed[local].view(np.uint8), bitorder="little"))
-        assert allowed.tolist() == sorted(index.get_allowed_tokens(state))
-        for t in allowed:
-            want = index.get_next_state(state, int(t))
-            assert a.step(local, int(t)) == (local if t == 127 else numbered.index(want))
-        assert (127 in allowed) == index.is_final_state(state)
-    ids = tok.encode("ababc Bx", add_special_tokens=False)
-    assert a.walk(ids) >= 0 and a.only_end[a.walk(ids)] and a.walk(ids + [5]) == -1
+    a = Compiler(tok, TINY.vocab_size, {127}).compile(StructuredOutputsParams(regex=pattern), wait_s=None)[1]
+    chars = {i: tok.convert_tokens_to_string([t]) for t, i in tok.get_vocab().items() if i < 126}
+    seen, todo = {a.initial: ""}, [a.initial]
+    while todo:
+        state = todo.pop()
+        text = seen[state]
+        allowed = set(np.flatnonzero(np.unpackbits(a.allowed[state].view(np.uint8), bitorder="little")).tolist())
+        assert (127 in allowed) == bool(oracle.fullmatch(pattern, text)), (pattern, text)
+        for i, c in chars.items():
+            assert (i in allowed) == bool(oracle.fullmatch(pattern, text + c, partial=True)), (pattern, text + c)
+            if i in allowed and a.step(state, i) not in seen:
+                seen[a.step(state, i)] = text + c
+                todo.append(a.step(state, i))
+    assert a.step(a.initial, 127) == -1 or oracle.fullmatch(pattern, "")
 
 
 def test_device_pool_walks_as_the_host_automaton():
