@@ -5,7 +5,8 @@ position, drafts included, without a host round trip.
 The automaton is outlines-core's `Index` (vLLM's "outlines" backend): a DFA over the tokenizer's tokens, built from
 a regex. A JSON schema becomes a regex by outlines-core's `build_regex_from_schema`, `json_object` by the schema
 {"type": "object"} (nesting bounded, as that function bounds it), `choice` by the alternation of the escaped
-choices. Context-free grammars (`grammar`) and structural tags need a pushdown automaton; they are refused by name
+choices, a `grammar` (EBNF or Lark, as vLLM takes them) by grammar_regex.py when its language is regular; a grammar
+that nests (recursion a finite automaton cannot hold) and structural tags need a pushdown automaton: refused by name
 before anything runs. In a final state the model's EOS tokens are allowed (and keep the state); a state that
 allows nothing but them ends the answer.
 
@@ -27,11 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec import grammar_regex
+from jaxspec.grammar_regex import escape
+
 logger = logging.getLogger("jaxspec")
 
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 BACKENDS = ("auto", "outlines", "xgrammar", "guidance", "lm-format-enforcer")  # vLLM's names; outlines-core runs all
-_REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # what Rust's regex::escape escapes (outlines-core's regex engine)
 CACHE_SIZE = 128  # compiled automata kept per engine (vLLM keeps 128 outlines indexes)
 END_MARK = "\U0010fffd".encode()  # a private-use character no tokenizer has: end_marked
 END_MARK_REGEX = r"\x{10fffd}"
@@ -40,8 +43,9 @@ COMPILE_WAIT_S = 0.5  # how long adding a request waits for its automaton before
 
 @dataclass
 class StructuredOutputsParams:
-    """vLLM's: exactly one of json (a schema, as a dict or its JSON text), regex, choice, json_object, grammar or
-    structural_tag (the last two refused: see the module's docstring); the options shape the JSON's whitespace."""
+    """vLLM's: exactly one of json (a schema, as a dict or its JSON text), regex, choice, json_object, grammar (a
+    regular one: grammar_regex.py) or structural_tag (refused: see the module's docstring); the options shape the
+    JSON's whitespace."""
     json: str | dict | None = None
     regex: str | None = None
     choice: list[str] | None = None
@@ -66,10 +70,15 @@ class StructuredOutputsParams:
             raise ValueError(f"{owner} needs exactly one constraint of {', '.join(CONSTRAINTS)}; got "
                              f"{', '.join(given) or 'none'}")
         kind = given[0]
-        if kind in ("grammar", "structural_tag"):
-            raise ValueError(f"{owner}.{kind} is not supported: jaxspec compiles regular constraints (json, regex, "
-                             "choice, json_object) to a token automaton; a context-free grammar needs a pushdown "
-                             "automaton")
+        if kind == "structural_tag":
+            raise ValueError(f"{owner}.structural_tag is not supported: jaxspec compiles regular constraints (json, "
+                             "regex, choice, json_object, a grammar without nesting) to a token automaton; structural "
+                             "tags need a pushdown automaton")
+        if kind == "grammar":
+            try:
+                grammar_regex.to_regex(self.grammar)
+            except grammar_regex.GrammarError as e:
+                raise ValueError(f"{owner}.grammar: {e}") from None
         if kind == "json" and not isinstance(self.json, (str, dict)):
             raise ValueError(f"{owner}.json must be a JSON schema (a dict or its JSON text), got "
                              f"{type(self.json).__name__}")
@@ -108,6 +117,8 @@ class StructuredOutputsParams:
             return self.regex
         if kind == "choice":
             return "(" + "|".join(escape(c) for c in self.choice) + ")"
+        if kind == "grammar":
+            return grammar_regex.to_regex(self.grammar)
         schema = {"type": "object"} if kind == "json_object" else self.json
         if isinstance(schema, str):
             schema = json_module.loads(schema)
@@ -180,12 +191,6 @@ class StructuredOutputsConfig:
         return dataclasses.replace(
             params, disable_any_whitespace=params.disable_any_whitespace or self.disable_any_whitespace,
             disable_additional_properties=params.disable_additional_properties or self.disable_additional_properties)
-
-
-def escape(text: str) -> str:
-    """`text` as a regex that matches it literally (Rust regex syntax: Python's re.escape escapes characters that
-    regex-automata refuses to see escaped)."""
-    return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
 def _closed(schema: Any) -> Any:

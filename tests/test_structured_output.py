@@ -22,6 +22,7 @@ from jaxspec.engine.grammar_pool import GrammarPool
 from jaxspec.sampling_params import GuidedDecodingParams, StructuredOutputsParams
 from jaxspec.structured_output import Automaton, Compiler, StructuredOutputsConfig, build_automaton, escape
 from tests import test_processors as harness
+from tests.test_grammar_regex import SQL_EBNF  # vLLM's documentation's example
 from tests.test_sampler import ALPHA, N, joint_pvalue
 from tests.tiny import TINY, make_llm, tiny_weights, write_chat_tokenizer, write_random_head
 
@@ -57,7 +58,7 @@ def pool_state(automata: list[Automaton], max_states: int = 64, max_transitions:
 
 def test_params_name_what_is_wrong():
     for kwargs, words in [({}, "exactly one constraint"), (dict(regex="a", choice=["b"]), "exactly one"),
-                          (dict(grammar="root ::= 'a'"), "grammar is not supported"),
+                          (dict(grammar='root ::= "(" root ")" | "a"'), "grammar: rule 'root' is recursive"),
                           (dict(structural_tag="{}"), "structural_tag is not supported"),
                           (dict(json="{not json"), "json is not valid JSON"), (dict(choice=[]), "choice must be"),
                           (dict(choice=["a", ""]), "choice must be"), (dict(json=3), "json must be"),
@@ -386,6 +387,28 @@ def test_json_schema_answers_parse(byte_dir):
         check_answer(o.outputs[0].text)
 
 
+SQL_ANSWER = "SELECT (col_1 |col_2 ) from (table_1 |table_2 ) where (col_1 |col_2 )= (1 |2 )"
+LIST_LARK = 'start: item ("," item)*\nitem: /[a-c]+/ | "none"'
+
+
+def test_grammar_answers_follow_it(byte_dir):
+    """vLLM's grammar option, its documentation's SQL grammar (EBNF) and a list in Lark: every answer, greedy and
+    sampled, is in the language (a regex written by hand) when it ended, a prefix of it when cut."""
+    import regex as oracle
+
+    llm = make_llm(tiny_weights(cfg=BYTE_TINY), byte_dir, cfg=BYTE_TINY)
+    for grammar, answer in [(SQL_EBNF, SQL_ANSWER), (LIST_LARK, "([a-c]+|none)(,([a-c]+|none))*")]:
+        params = [SamplingParams(temperature=t, seed=s, max_tokens=60, structured_outputs=StructuredOutputsParams(
+            grammar=grammar)) for t, s in [(0, 0), (1.0, 1), (1.0, 2), (0.8, 3)]]
+        for o in llm.generate(["q", "r", "s", "t"], params, use_tqdm=False):
+            out = o.outputs[0]
+            assert out.finish_reason == "stop" or grammar != SQL_EBNF  # a finite language: every answer ends
+            if out.finish_reason == "stop":
+                assert re.fullmatch(answer, out.text), out.text
+            else:
+                assert oracle.fullmatch(answer, out.text, partial=True), out.text
+
+
 def byte_llm(path: str):
     """The byte-level tiny LLM (importable: an engine process builds its own)."""
     return make_llm(tiny_weights(cfg=BYTE_TINY), Path(path), cfg=BYTE_TINY)
@@ -407,6 +430,9 @@ def test_server_takes_every_form_of_the_constraint(byte_dir, engine):
     choice = StructuredOutputsParams(choice=["yes", "no way"])
     want_choice = llm.generate(["q"], SamplingParams(temperature=0, max_tokens=20, structured_outputs=choice),
                                use_tqdm=False)[0].outputs[0].text
+    sql = StructuredOutputsParams(grammar=SQL_EBNF)
+    want_sql = llm.generate(["q"], SamplingParams(temperature=0, max_tokens=60, structured_outputs=sql),
+                            use_tqdm=False)[0].outputs[0].text
     want_json = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(
         temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=JSON_SCHEMA)),
         use_tqdm=False)[0].outputs[0].text
@@ -441,8 +467,11 @@ def test_server_takes_every_form_of_the_constraint(byte_dir, engine):
         done = dict(model="m", prompt="q", temperature=0, max_tokens=20)
         for extra in ({"guided_choice": ["yes", "no way"]}, {"structured_outputs": {"choice": ["yes", "no way"]}}):
             assert client.completions.create(**done, extra_body=extra).choices[0].text == want_choice
+        for extra in ({"guided_grammar": SQL_EBNF}, {"structured_outputs": {"grammar": SQL_EBNF}}):
+            assert client.completions.create(**done | {"max_tokens": 60}, extra_body=extra).choices[0].text == want_sql
         for body, param in [({"response_format": {"type": "xml"}}, "response_format"),
-                            ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs"),
+                            ({"structured_outputs": {"grammar": 'root ::= "(" root ")" | "a"'}}, "structured_outputs"),
+                            ({"guided_grammar": "root ::= x"}, "guided_grammar"),
                             ({"structured_outputs": {"regex": "a", "nope": 1}}, "structured_outputs"),
                             ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "response_format"),
                             ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "x"}}},
