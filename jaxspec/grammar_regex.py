@@ -127,12 +127,13 @@ class _Parser:
             sep = "::="
         if not m:
             raise self.error(f"expected a rule name followed by '{sep}'")
+        name = m.group(1) if self.lark else m.group(0)
         self.pos = m.end()
         self.space(newlines=False)
         if not self.peek(sep):
-            raise self.error(f"expected '{sep}' after the rule name '{m.group(m.lastindex or 0)}'")
+            raise self.error(f"expected '{sep}' after the rule name '{name}'")
         self.pos += len(sep)
-        return m.group(1) if self.lark else m.group(0)
+        return name
 
     def at_rule_end(self) -> bool:
         """EBNF: whether the next thing is the next rule's head."""
@@ -144,17 +145,13 @@ class _Parser:
         while True:
             save = self.pos
             self.space()
-            if self.peek("|") and (depth or not self.lark or self.text[save:self.pos].count("\n") == 0
-                                   or self.line_starts_with_bar()):
+            if self.peek("|"):  # (Lark: a line that starts with | goes on with the rule)
                 self.pos += 1
                 alts.append(self.sequence(depth))
             else:
                 self.pos = save
                 break
         return alts[0] if len(alts) == 1 else Node("alt", items=tuple(alts))
-
-    def line_starts_with_bar(self) -> bool:
-        return self.text[self.text.rfind("\n", 0, self.pos) + 1:self.pos].strip() == ""
 
     def sequence(self, depth: int) -> Node:
         """Items up to a |, a closing bracket, the next rule (EBNF: its `name ::=`; Lark: a line end outside
