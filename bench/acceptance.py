@@ -8,7 +8,7 @@ and per k; --sampling adds SamplingParams options (penalties, logit_bias, ...: t
 
 The target's weights are loaded once. Each k is its own program, so each k builds one LLM on those weights
 (seconds with scanned layers, the default here: identical results to unrolled ones, a fraction of the compile
-time), with one decode bucket and one prefill bucket; every data set runs on it, and `get_metrics()` differences
+time), with one decode bucket and one prefill bucket; every data set runs on it, and `stats()` differences
 tell their counts apart. Points run in the order of --k (put the k that matter first when time is short); the JSON
 is rewritten after each, so a run cut short keeps what it measured.
 """
@@ -123,11 +123,11 @@ def main(argv: list[str] | None = None) -> dict:
                 compilation_cache_dir=args.compilation_cache_dir)
             result["build_s"][str(k)] = round(time.perf_counter() - t0, 1)
             for name, ps in prompts.items():
-                before, t0 = llm.get_metrics(), time.perf_counter()
+                before, t0 = llm.stats(), time.perf_counter()
                 outs = llm.generate([{"prompt_token_ids": p} for p in ps], params, use_tqdm=False)
                 row = {"dataset": name, "k": k, "num_prompts": len(ps), "wall_s": round(time.perf_counter() - t0, 2),
                        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
-                delta = metrics_delta(before, llm.get_metrics())
+                delta = metrics_delta(before, llm.stats())
                 row |= {key: delta[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                                                     "acceptance_rate_per_position", "mean_acceptance_length")}
                 result["results"].append(row)

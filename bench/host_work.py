@@ -76,7 +76,7 @@ def main() -> None:
     collections = GarbageCollections()
     runs = []
     for i in range(args.runs):
-        before = llm.get_metrics()
+        before = llm.stats()
         prof = cProfile.Profile() if args.profile and i == 0 else None
         if prof:
             prof.enable()
@@ -86,7 +86,7 @@ def main() -> None:
         call = time.perf_counter() - t0
         if prof:
             prof.disable()
-        m = llm.get_metrics()
+        m = llm.stats()
         steps = m["num_steps"] - before["num_steps"]
         wall, wait = m["wall_s"] - before["wall_s"], m["host_wait_s"] - before["host_wait_s"]
         runs.append(((wall - wait) / steps * 1e3, wall / steps * 1e3, steps, call / steps * 1e3))

@@ -76,11 +76,11 @@ def main() -> None:
         for B in batches:
             row[f"step_ms_b{B}_ctx{args.context}"] = round(step_time(llm, B, args.context, args.iters) * 1e3, 3)
         llm.generate(prompts, params, use_tqdm=False)  # compiles what generation uses
-        before = llm.get_metrics()
+        before = llm.stats()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
-        after = llm.get_metrics()
+        after = llm.stats()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         steps = after["num_steps"] - before["num_steps"]
         row |= {"prompts": args.num_prompts, "output_tokens": tokens, "wall_s": round(wall, 3),

@@ -78,11 +78,11 @@ def run(args: argparse.Namespace) -> dict:
                  [SamplingParams(temperature=args.temperature, max_tokens=WARMUP_TOKENS * (i + 1), ignore_eos=True,
                                  seed=args.seed) for i in range(n)], use_tqdm=False)
 
-    before = llm.get_metrics()
+    before = llm.stats()
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    m = metrics_delta(before, llm.get_metrics())
+    m = metrics_delta(before, llm.stats())
     recompiles = None if compiled is None else num_compiled() - compiled
     for text, out in zip(texts, outs):
         print(f"\n### {text}\n{out.outputs[0].text.strip()}  [{out.outputs[0].finish_reason}]")

@@ -29,6 +29,7 @@ from jaxspec.engine.sequence import Sequence
 from jaxspec.engine.spec_policy import DynamicPolicy, make_policy
 from jaxspec.engine_args import vllm_options
 from jaxspec.generation_config import default_sampling_values
+from jaxspec.metrics_reader import Metrics
 from jaxspec.models import attention, eagle, llama
 from jaxspec.models.kernel_config import KernelConfig
 from jaxspec.outputs import RequestOutput
@@ -60,6 +61,8 @@ class LLM:
     "smollm2-135m-instruct", fetched and converted on first use). `LLM.from_weights` builds one over weights
     already in memory."""
 
+    model_name = ""  # the model it was built from (get_metrics' label); from_weights: none
+
     def __init__(self, model: str, *, tokenizer: str | None = None, dtype: str = "auto", load_format: str = "auto",
                  seed: int = 0, speculative_config: dict | None = None, compilation_cache_dir: str | None = None,
                  **engine_args: Any):
@@ -86,6 +89,7 @@ class LLM:
                                                         revision=engine_args.pop("revision", None))
         self._build(target_cfg, target_w, tokenizer_dir=tokenizer or path, explicit_tokenizer=tokenizer is not None,
                     load_format=load_format, seed=seed, speculative_config=speculative_config, **engine_args)
+        self.model_name = model
 
     @classmethod
     def from_weights(cls, config: llama.Config, weights: llama.Weights | None = None, *,
@@ -377,7 +381,12 @@ class LLM:
         with self._lock:
             return self.llm_engine.reset_prefix_cache()
 
-    def get_metrics(self) -> dict:
+    def get_metrics(self) -> Metrics:
+        """vLLM's: the engine's counters and gauges as Metric objects under vLLM's names (jaxspec.metrics_reader);
+        the list also reads `stats()` by name (`get_metrics()["mean_acceptance_length"]`)."""
+        return Metrics(self.stats(), {"model_name": self.model_name, "engine": "0"})
+
+    def stats(self) -> dict:
         """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill and the
         prefix cache's queried and found prompt tokens."""
         engine = self.llm_engine

@@ -100,9 +100,9 @@ def test_outputs_equal_an_engine_without_the_cache(trained_heads, method):
          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
          SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, n=2, seed=9)]
     for params in (greedy, greedy, mixed):
-        before = [llm.get_metrics() for llm in (on, off)]
+        before = [llm.stats() for llm in (on, off)]
         got, want = (llm.generate(prompts, params, use_tqdm=False) for llm in (on, off))
-        run = [metrics_delta(b, llm.get_metrics()) for llm, b in zip((on, off), before)]
+        run = [metrics_delta(b, llm.stats()) for llm, b in zip((on, off), before)]
         assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
         assert all(o.num_cached_tokens == 0 for o in want)
         cached = [o.num_cached_tokens for o in got]

@@ -76,3 +76,38 @@ def test_chat_template_content_format(llm):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], GREEDY)
     with pytest.raises(ValueError, match="chat_template_content_format must be one of"):
         llm.chat(plain, GREEDY, chat_template_content_format="xml")
+
+
+def test_get_metrics_reads_as_vllms_spec_decode_example(llm, tmp_path):
+    """vLLM's offline speculative-decoding example sums these Metric objects by name; the same numbers as
+    stats(), which the list also reads by jaxspec's names. Without a head there are no spec_decode metrics."""
+    from jaxspec.metrics_reader import Counter, Gauge, Vector
+    from tests.tiny import write_random_head
+
+    spec = {"method": "eagle", "model": str(write_random_head(tmp_path / "head")), "num_speculative_tokens": 3}
+    eagle = make_llm(tiny_weights(), llm.get_tokenizer().name_or_path, speculative_config=spec)
+    eagle.generate(["hello", "abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    metrics = eagle.get_metrics()
+    num_drafts = num_draft_tokens = num_accepted_tokens = 0
+    acceptance_counts = [0] * 3
+    for metric in metrics:  # as vllm/examples/offline_inference/spec_decode.py reads them
+        if metric.name == "vllm:spec_decode_num_drafts":
+            assert isinstance(metric, Counter)
+            num_drafts += metric.value
+        elif metric.name == "vllm:spec_decode_num_draft_tokens":
+            assert isinstance(metric, Counter)
+            num_draft_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            assert isinstance(metric, Counter)
+            num_accepted_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            assert isinstance(metric, Vector)
+            for pos in range(len(metric.values)):
+                acceptance_counts[pos] += metric.values[pos]
+    stats = eagle.stats()
+    assert num_drafts == stats["num_drafts"] > 0 and num_draft_tokens == stats["num_draft_tokens"]
+    assert num_accepted_tokens == stats["num_accepted_tokens"] == sum(acceptance_counts)
+    assert metrics["mean_acceptance_length"] == stats["mean_acceptance_length"] == 1 + num_accepted_tokens / num_drafts
+    running = next(m for m in metrics if m.name == "vllm:num_requests_running")
+    assert isinstance(running, Gauge) and running.value == 0 and running.labels == {"model_name": "", "engine": "0"}
+    assert not [m for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode")]

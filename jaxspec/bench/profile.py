@@ -177,22 +177,22 @@ def profile_generate(llm, prompts, params, async_scheduling: bool, log_dir: str 
     def run():
         return llm.generate(prompts, params, use_tqdm=False, async_scheduling=async_scheduling)
 
-    before = llm.get_metrics()
+    before = llm.stats()
     _, nvml = sampled_utilization(lambda: [run() for _ in range(repeats)],
                                   getattr(jax.devices()[0], "local_hardware_id", 0) or 0)
-    m = metrics_delta(before, llm.get_metrics())
+    m = metrics_delta(before, llm.stats())
     steps = max(m["num_steps"], 1)
     nvml |= {"nvml_repeats": repeats, "nvml_wall_per_step_ms": 1e3 * m["wall_s"] / steps,
              "nvml_host_work_per_step_ms": 1e3 * (m["wall_s"] - m["host_wait_s"]) / steps}
     if nvml.get("nvml_span_s"):  # the engine loop's share of the calls' wall time (the rest: generate's own work)
         nvml["nvml_engine_fraction"] = m["wall_s"] / nvml["nvml_span_s"]
-    before = llm.get_metrics()
+    before = llm.stats()
     with jax.profiler.trace(str(log_dir), profiler_options=_quiet_options()):
         with jax.profiler.TraceAnnotation(ANNOTATION):
             t0 = time.perf_counter()
             run()
             wall = time.perf_counter() - t0
-    m = metrics_delta(before, llm.get_metrics())
+    m = metrics_delta(before, llm.stats())
     path = find_trace(log_dir)
     out = {"async": async_scheduling, "trace": str(path), "wall_s": wall, "num_steps": m["num_steps"],
            "wall_per_step_ms": 1e3 * m["wall_s"] / max(m["num_steps"], 1),

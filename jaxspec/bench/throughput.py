@@ -319,11 +319,11 @@ def run_point(llm, prompts, params, is_async: bool) -> tuple[dict, list[list[int
     from jaxspec.bench.engine import num_compiled
     from jaxspec.engine.llm_engine import metrics_delta
 
-    before, compiled = llm.get_metrics(), num_compiled()
+    before, compiled = llm.stats(), num_compiled()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False, async_scheduling=is_async)
     elapsed = time.perf_counter() - t0
-    m = metrics_delta(before, llm.get_metrics())
+    m = metrics_delta(before, llm.stats())
     tokens = [o.outputs[0].token_ids for o in outs]
     n_in, n_out, steps = sum(map(len, prompts)), sum(map(len, tokens)), max(m["num_steps"], 1)
     reasons: dict[str, int] = {}

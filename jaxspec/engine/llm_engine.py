@@ -71,7 +71,7 @@ class SpecMetrics:
 
 
 def metrics_delta(before: dict, after: dict) -> dict:
-    """`LLM.get_metrics()` counts since the LLM was built; this is one run's share (counts, lists and histograms
+    """`LLM.stats()` counts since the LLM was built; this is one run's share (counts, lists and histograms
     subtracted), with the derived rates (SpecMetrics) recomputed."""
     d = {}
     for key, v in after.items():

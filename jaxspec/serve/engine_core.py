@@ -3,7 +3,7 @@
 `LLMEngine` is not thread-safe, so one `EngineCore` runs it. Before each step it drains the commands queued for
 it (add, abort, stop); it steps while any request is unfinished and blocks for a command when none is. What it
 has to say goes through `emit`, as events: an add's acknowledgement, each step's outputs with their time, a
-snapshot of `LLM.get_metrics()` (every `snapshot_interval_s`, and whenever it goes idle; with `emit_s`, the time
+snapshot of `LLM.stats()` (every `snapshot_interval_s`, and whenever it goes idle; with `emit_s`, the time
 spent handing outputs on, which grows when the server cannot keep up) and the error that stopped it. Where
 events go (this process's event loop, or a pipe to the server's process) is the caller's business
 (jaxspec.serve.engine_loop, jaxspec.serve.engine_process).
@@ -41,7 +41,7 @@ class Stop:
 
 
 # Events, as tuples: ("ack", add_id, ValueError | None), ("outputs", [RequestOutput], perf_counter time),
-# ("metrics", LLM.get_metrics() | {"emit_s": ...}), ("dead", "what stopped the engine").
+# ("metrics", LLM.stats() | {"emit_s": ...}), ("dead", "what stopped the engine").
 Event = tuple
 
 
@@ -117,5 +117,5 @@ class EngineCore:
     def _snapshot(self, force: bool) -> None:
         now = time.perf_counter()
         if force or now - self._last_snapshot >= self.snapshot_interval_s:
-            self.emit(("metrics", self.llm.get_metrics() | {"emit_s": self._emit_s}))
+            self.emit(("metrics", self.llm.stats() | {"emit_s": self._emit_s}))
             self._last_snapshot = now

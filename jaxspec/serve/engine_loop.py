@@ -79,7 +79,7 @@ class EngineLoop:
         self.llm = llm
         self.on_outputs = on_outputs  # called on the event loop with each step's routed outputs
         self.snapshot_interval_s = snapshot_interval_s
-        self.metrics: dict = llm.get_metrics() if llm is not None else {}  # the engine's latest snapshot
+        self.metrics: dict = llm.stats() if llm is not None else {}  # the engine's latest snapshot
         self.error: str | None = None  # what stopped the engine
         self._routes: dict[str, _Route] = {}  # event loop only
         self._acks: dict[int, tuple[asyncio.Future, list[str]]] = {}  # add id -> (submit's future, its ids)

@@ -68,7 +68,7 @@ def _engine_main(factory: Callable[[], Any], commands_conn, events_conn, snapsho
     events_conn.send(("ready", {"tokenizer": llm.get_tokenizer(), "max_model_len": llm.engine_config.max_model_len,
                                 "default_sampling_values": llm.default_sampling_values,
                                 "eos_token_ids": llm.llm_engine.input_processor.eos_token_ids,
-                                "max_logprobs": llm.engine_config.max_logprobs, "metrics": llm.get_metrics()}))
+                                "max_logprobs": llm.engine_config.max_logprobs, "metrics": llm.stats()}))
     commands: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_pump, args=(commands_conn, commands), name="jaxspec-commands", daemon=True).start()
     encoder = Encoder()

@@ -15,6 +15,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from jaxspec.metrics_reader import Gauge, Vector, described
 from jaxspec.serve.engine_loop import RequestTiming
 
 # vLLM's buckets, with finer ones below 10 ms for the inter-token latency (small models step in 1-3 ms)
@@ -28,7 +29,8 @@ TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 
 
 class EngineCollector:
-    """The engine's gauges and counters, from the latest snapshot of `LLM.get_metrics()`."""
+    """The engine's gauges and counters (metrics_reader's table under vLLM's names, and jaxspec's own), from the
+    latest snapshot of `LLM.stats()`."""
 
     def __init__(self, model_name: str, snapshot: Callable[[], dict]):
         self.model_name = model_name
@@ -41,40 +43,27 @@ class EngineCollector:
 
     def collect(self):
         m = self.snapshot()
-        gauge = lambda name, doc, value: self._family(GaugeMetricFamily, name, doc, value)  # noqa: E731
-        counter = lambda name, doc, value: self._family(CounterMetricFamily, name, doc, value)  # noqa: E731
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                    m["num_requests_running"])
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                    m["num_requests_waiting"])
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                    1 - m["num_free_pages"] / m["num_pages"])
-        yield gauge("jaxspec:num_free_kv_pages", "KV-cache pages free in the pool.", m["num_free_pages"])
-        yield gauge("jaxspec:num_kv_pages", "KV-cache pages in the pool.", m["num_pages"])
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                      m["num_preemptions"])
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      m["prefix_cache_queries"])
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      m["prefix_cache_hits"])
-        # where the engine's time goes (no vLLM names for these): steps, time inside step() and the part of it spent
-        # waiting for the device, and time handing outputs to the server
-        yield counter("jaxspec:engine_steps", "Engine steps run.", m["num_steps"])
-        yield counter("jaxspec:engine_step_seconds", "Time inside the engine's step().", m["wall_s"])
-        yield counter("jaxspec:engine_host_wait_seconds", "Time step() waited for the device's results.",
-                      m["host_wait_s"])
-        yield counter("jaxspec:engine_emit_seconds", "Time spent handing step outputs to the server.",
-                      m.get("emit_s", 0.0))
-        if not m["accepted_per_position"]:  # no speculative decoding: vLLM has no spec_decode metrics then
-            return
-        yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", m["num_drafts"])
-        yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", m["num_draft_tokens"])
-        yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", m["num_accepted_tokens"])
-        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                      "Accepted tokens per draft position.", labels=["model_name", "position"])
-        for position, accepted in enumerate(m["accepted_per_position"]):
-            per_pos.add_metric([self.model_name, str(position)], accepted)
-        yield per_pos
+        for name, kind, doc, value in described(m):
+            if kind is Vector:  # vLLM's one vector: a counter a draft position
+                family = CounterMetricFamily(name, doc, labels=["model_name", "position"])
+                for position, count in enumerate(value):
+                    family.add_metric([self.model_name, str(position)], count)
+                yield family
+            else:
+                yield self._family(GaugeMetricFamily if kind is Gauge else CounterMetricFamily, name, doc, value)
+        # the pool in pages and where the engine's time goes (no vLLM names for these): steps, time inside step()
+        # and the part of it spent waiting for the device, and time handing outputs to the server
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        for cls, name, doc, value in [
+                (gauge, "jaxspec:num_free_kv_pages", "KV-cache pages free in the pool.", m["num_free_pages"]),
+                (gauge, "jaxspec:num_kv_pages", "KV-cache pages in the pool.", m["num_pages"]),
+                (counter, "jaxspec:engine_steps", "Engine steps run.", m["num_steps"]),
+                (counter, "jaxspec:engine_step_seconds", "Time inside the engine's step().", m["wall_s"]),
+                (counter, "jaxspec:engine_host_wait_seconds", "Time step() waited for the device's results.",
+                 m["host_wait_s"]),
+                (counter, "jaxspec:engine_emit_seconds", "Time spent handing step outputs to the server.",
+                 m.get("emit_s", 0.0))]:
+            yield self._family(cls, name, doc, value)
 
 
 class ServerMetrics:
