@@ -114,7 +114,7 @@ class StructuredOutputsParams:
 
         kind = self.kind
         if kind == "regex":
-            return self.regex
+            return unanchored(self.regex)
         if kind == "choice":
             return "(" + "|".join(escape(c) for c in self.choice) + ")"
         if kind == "grammar":
@@ -191,6 +191,21 @@ class StructuredOutputsConfig:
         return dataclasses.replace(
             params, disable_any_whitespace=params.disable_any_whitespace or self.disable_any_whitespace,
             disable_additional_properties=params.disable_additional_properties or self.disable_additional_properties)
+
+
+def unanchored(regex: str) -> str:
+    """The regex without a leading ^ (or \\A) and a trailing $ (or \\z): the whole answer matches it anyway, as
+    vLLM's default backend reads such anchors, while outlines-core refuses them."""
+    for start in ("^", "\\A"):
+        if regex.startswith(start):
+            regex = regex[len(start):]
+            break
+    for end in ("$", "\\z"):
+        head = regex[:-len(end)]
+        if regex.endswith(end) and (len(head) - len(head.rstrip("\\"))) % 2 == 0:  # not an escaped $
+            regex = head
+            break
+    return regex
 
 
 def _closed(schema: Any) -> Any:

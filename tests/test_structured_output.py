@@ -87,17 +87,19 @@ def test_regexes_of_each_kind():
     assert re.fullmatch(tight, '{"a":false}')
     assert re.fullmatch(StructuredOutputsParams(json=json.dumps(schema)).to_regex(), '{"a": true}')
     assert re.fullmatch(StructuredOutputsParams(json_object=True).to_regex(), '{"x": [1, {"y": null}]}')
+    assert StructuredOutputsParams(regex="^[a-c]+$").to_regex() == "[a-c]+"  # anchors: the answer matches whole
+    assert StructuredOutputsParams(regex=r"\Aa\$\z").to_regex() == r"a\$"
 
 
 # ---- the automaton
 
 
-@pytest.mark.parametrize("pattern", ["(ab|c)+ [A-C]?x", "((ab|c) )+", "[a-d]*(B[a-c]+)?x?", "(a|bc)*"])
+@pytest.mark.parametrize("pattern", ["(ab|c)+ [A-C]?x", "((ab|c) )+", "[a-d]*(B[a-c]+)?x?", "(a|bc)*", "^(ab)+$"])
 def test_automaton_holds_the_regex_language(tmp_path, pattern):
     """Against the `regex` module's partial matching, over a tokenizer of one character a token: from each state
     (the text that first reaches it), a token is allowed iff text + token can still become a match, EOS (allowed
     and kept) iff text matches. Among them: tokens that leave an accepting state for one that is not (outlines-core's
-    own index drops those)."""
+    own index drops those), and anchors (outlines-core refuses them)."""
     import regex as oracle
 
     tok = _chat_tokenizer(tmp_path)
