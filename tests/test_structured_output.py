@@ -4,6 +4,7 @@ the engine's outputs against a plain full-sequence loop that masks with the auto
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -532,7 +533,7 @@ def test_bad_constraints_are_named_before_anything_runs(chat_dir):
 
 def test_benchmarks_take_a_constraint_as_json():
     """bench/throughput.py --sweep-sampling and bench/acceptance.py --sampling give SamplingParams.from_json the
-    StructuredOutputsParams fields as an object."""
+    StructuredOutputsParams fields as an object; bench/throughput.py --structured-outputs constrains every request."""
     from types import SimpleNamespace
 
     from jaxspec.bench import throughput
@@ -545,3 +546,7 @@ def test_benchmarks_take_a_constraint_as_json():
     (_, base), (label, options) = throughput.sampling_settings(args)
     params = throughput.sampling_params(args, 2, options=options)
     assert not base and "structured_outputs" in label and params[1].structured_outputs.json_object
+    parser = argparse.ArgumentParser()
+    throughput.add_arguments(parser)
+    every = parser.parse_args(["--structured-outputs", '{"regex": "a+"}', "--no-ignore-eos"])  # all constrained
+    assert throughput.sampling_params(every, 1)[0].structured_outputs == StructuredOutputsParams(regex="a+")

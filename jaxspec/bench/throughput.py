@@ -85,6 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--repetition-penalty", type=float, default=1.0)
     w.add_argument("--min-tokens", type=int, default=0)
     w.add_argument("--logprobs", type=int, metavar="N", help="top-N logprobs per output token (at most 20)")
+    w.add_argument("--structured-outputs", type=json.loads, metavar="JSON",
+                   help='every request constrained: StructuredOutputsParams fields, e.g. \'{"regex": "[a-z ]+"}\'')
     w.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on for random prompts, off for a dataset")
     w.add_argument("--seed", type=int, default=0)
