@@ -105,8 +105,9 @@ class EngineConfig:
     # vLLM's automatic prefix caching (on by default there too): full prompt pages reused across requests
     enable_prefix_caching: bool = True
     # structured outputs: the device pool of constraint automata (engine/grammar.py), in states and transitions;
-    # grammar_transitions 0: max_states * vocab_size / 4, at most 2**23 (a JSON object automaton on a 49k vocabulary
-    # has 1,623 states and 3.3 M transitions; the pool takes 4 * (vocab / 32 + 3) bytes a state, 8 a transition)
+    # grammar_transitions 0: max_states * vocab_size / 4, at most 2**23 or 128 per vocabulary entry, whichever is more
+    # (a JSON object automaton has ~67 a vocabulary entry: 1,623 states and 3.3 M transitions on a 49k vocabulary, so
+    # 2**23 alone would refuse it at Llama-3's 128k); the pool takes 4 * (vocab / 32 + 3) bytes a state, 8 a transition
     grammar_states: int = 4096
     grammar_transitions: int = 0
 
@@ -138,7 +139,7 @@ class EngineConfig:
                              f"{self.max_num_batched_tokens}")
 
     def grammar_max_transitions(self, vocab_size: int) -> int:
-        return self.grammar_transitions or min(2**23, self.grammar_states * vocab_size // 4)
+        return self.grammar_transitions or min(max(2**23, 128 * vocab_size), self.grammar_states * vocab_size // 4)
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -140,6 +140,21 @@ def test_device_pool_walks_as_the_host_automaton():
     assert bool(grammar.only_end(tables, jnp.int32(off_other + 1))) is False
 
 
+def test_default_pool_holds_a_json_object_automaton_at_any_vocabulary(byte_dir):
+    """A JSON object automaton has ~67 transitions a vocabulary entry (3.3 M at SmolLM2's 49,152; measured here
+    on a byte tokenizer too); the default pool holds one with room to spare at Llama-3's 128,256 and past it."""
+    from transformers import PreTrainedTokenizerFast
+
+    from jaxspec.config import EngineConfig
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(byte_dir))
+    a = Compiler(tok, BYTE_TINY.vocab_size, {256}).compile(StructuredOutputsParams(json_object=True), wait_s=None)[1]
+    pool = EngineConfig(max_model_len=128).grammar_max_transitions
+    assert pool(BYTE_TINY.vocab_size) >= 1.5 * a.num_transitions  # (a byte vocabulary: ~140 an entry)
+    for vocab in (49152, 128256, 262144):
+        assert pool(vocab) >= 1.5 * 67 * vocab
+
+
 def test_pool_evicts_only_what_no_unfinished_request_uses():
     """Requests with one constraint share its placement; another that does not fit waits (reserve False) while
     an unfinished request holds the room, and takes it once they finish; one that can never fit is named."""
