@@ -26,11 +26,12 @@ class SpeculativeConfig:
             return spec
         if not isinstance(spec, dict):
             raise ValueError(f"speculative_config must be a dict, got {type(spec).__name__}")
+        method = check_method(spec.get("method", "eagle"), "speculative_config.method")
+        spec = _from_vllm(spec)
         unknown = set(spec) - {"method", "model", "num_speculative_tokens", "dynamic",
                                "num_speculative_tokens_per_batch_size"}
         if unknown:
             raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
-        method = check_method(spec.get("method", "eagle"), "speculative_config.method")
         if not spec.get("model"):
             raise ValueError("speculative_config.model (the draft head's path) is required")
         k = spec.get("num_speculative_tokens")
@@ -48,6 +49,37 @@ class SpeculativeConfig:
             table = _k_table(table, k)
         return cls(method=method, model=str(spec["model"]), num_speculative_tokens=k, dynamic=dynamic,
                    num_speculative_tokens_per_batch_size=table)
+
+
+# vLLM's other speculative_config keys: those whose value changes nothing here, at any value or at the ones listed
+# (None: the key's default; a value that would change the drafts or their checking is refused by name)
+VLLM_KEYS = {"enforce_eager": None, "disable_padded_drafter_batch": None, "draft_tensor_parallel_size": (None, 1),
+             "quantization": (None,), "max_model_len": (None,), "revision": (None,), "code_revision": (None,),
+             "speculative_token_tree": (None,), "spec_token_tree": (None,), "parallel_drafting": (None, False),
+             "acceptance_method": (None, "rejection_sampler"), "disable_by_batch_size": None}
+
+
+def _from_vllm(spec: dict) -> dict:
+    """The config without vLLM's keys that change nothing here; disable_by_batch_size=N (no speculation from N
+    decode rows up) becomes the schedule {1: K, N: 0}; any other value of such a key is a ValueError naming it."""
+    out = {}
+    for key, value in spec.items():
+        if key not in VLLM_KEYS:
+            out[key] = value
+        elif VLLM_KEYS[key] is not None and value not in VLLM_KEYS[key]:
+            hint = "; LLM(draft_tensor_parallel_size=...) sets it" if key == "draft_tensor_parallel_size" else ""
+            raise ValueError(f"speculative_config.{key}={value!r} is not supported (jaxspec takes "
+                             f"{' or '.join(map(repr, VLLM_KEYS[key]))}{hint})")
+    n = spec.get("disable_by_batch_size")
+    if n is not None:
+        k = spec.get("num_speculative_tokens")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise ValueError(f"speculative_config.disable_by_batch_size must be an integer >= 2, got {n!r}")
+        if "num_speculative_tokens_per_batch_size" in spec or spec.get("dynamic"):
+            raise ValueError("speculative_config: disable_by_batch_size, dynamic and "
+                             "num_speculative_tokens_per_batch_size exclude each other")
+        out["num_speculative_tokens_per_batch_size"] = {1: k, n: 0}
+    return out
 
 
 def _k_table(table, max_k: int) -> dict[int, int]:

@@ -287,6 +287,28 @@ def test_table_policy_and_config_validation():
             SpeculativeConfig.parse({"model": "h", "num_speculative_tokens": K} | extra)
 
 
+def test_vllm_speculative_config_keys():
+    """vLLM's other keys: those that change nothing here pass at their values, disable_by_batch_size=N is the
+    schedule {1: K, N: 0}, and a value that would change the drafts or their checking is refused by name."""
+    base = {"method": "eagle", "model": "h", "num_speculative_tokens": K}
+    same = SpeculativeConfig.parse(base | {"disable_padded_drafter_batch": True, "enforce_eager": True,
+                                           "speculative_token_tree": None, "acceptance_method": "rejection_sampler",
+                                           "draft_tensor_parallel_size": 1})
+    assert same == SpeculativeConfig.parse(base)
+    by_size = SpeculativeConfig.parse(base | {"disable_by_batch_size": 32})
+    assert by_size.num_speculative_tokens_per_batch_size == {1: K, 32: 0}
+    assert TablePolicy(K, by_size.num_speculative_tokens_per_batch_size).choose(31, 31, np.arange(31)) == K
+    for extra, message in [({"method": "ngram", "prompt_lookup_max": 4}, "method must be one of"),
+                           ({"spec_token_tree": "[(0,), (1,)]"}, "spec_token_tree"),
+                           ({"acceptance_method": "typical_acceptance_sampler"}, "acceptance_method"),
+                           ({"draft_tensor_parallel_size": 2}, r"LLM\(draft_tensor_parallel_size"),
+                           ({"disable_by_batch_size": 1}, "disable_by_batch_size must be"),
+                           ({"disable_by_batch_size": 8, "dynamic": True}, "exclude"),
+                           ({"prompt_lookup_max": 4}, "unknown keys")]:
+        with pytest.raises(ValueError, match=message):
+            SpeculativeConfig.parse(base | extra)
+
+
 # ---- losslessness with k changing between steps
 
 V, N, ALPHA = 5, 24_000, 0.01
