@@ -44,6 +44,7 @@ CASES = [  # grammar, in its language, not in it
     ('root ::= ("ab" | "c"){2,} "x"{,3} "y"?', ["abc", "ccxxxy"], ["ab", "ccxxxx"]),
     ('root ::= [a-c\\]-]* "\\u00e9"', ["a]-c\u00e9", "\u00e9"], ["d\u00e9", "a"]),
     ('root ::= "" | "a"{3}', ["", "aaa"], ["a", "aaaa"]),
+    (r'root ::= w-c+ (" " w-c+)*  # words' + "\n" + r'w-c ::= [a-c\]\\]', ["ab] \\c", "]"], ["a  b", "d", "a "]),
     ("start: 'a' [b] | 'c'\n    | 'd' -> dd\nb: \"x\"~2..3", ["a", "axx", "axxx", "c", "d"], ["ax", "ac"]),
 ]
 
