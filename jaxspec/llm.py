@@ -387,8 +387,9 @@ class LLM:
         return Metrics(self.stats(), {"model_name": self.model_name, "engine": "0"})
 
     def stats(self) -> dict:
-        """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill and the
-        prefix cache's queried and found prompt tokens."""
+        """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill, the
+        prefix cache's queried and found prompt tokens, and the finished sequences (by finish reason) with their
+        prompt and output tokens."""
         engine = self.llm_engine
         t, sched = engine.times, engine.scheduler
         return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "num_dispatches": t.num_dispatches,
@@ -399,7 +400,10 @@ class LLM:
                 "num_free_pages": engine.block_manager.num_free, "num_pages": self.engine_config.num_pages,
                 "num_prefill_tokens": engine.runner.num_prefill_tokens,
                 "prefix_cache_queries": engine.block_manager.prefix_queries,
-                "prefix_cache_hits": engine.block_manager.prefix_hits}
+                "prefix_cache_hits": engine.block_manager.prefix_hits,
+                "num_finished": dict(engine.output_processor.num_finished),
+                "num_finished_prompt_tokens": engine.output_processor.num_finished_prompt_tokens,
+                "num_finished_output_tokens": engine.output_processor.num_finished_output_tokens}
 
     # ---- requests of one call
 

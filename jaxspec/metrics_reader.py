@@ -77,11 +77,17 @@ def described(stats: dict) -> list[tuple[str, type, str, Any]]:
 
 
 class Metrics(list):
-    """What LLM.get_metrics() returns: vLLM's list of Metric objects, also indexable by a jaxspec stats name."""
+    """What LLM.get_metrics() returns: vLLM's list of Metric objects, also indexable by a jaxspec stats name. Besides
+    the engine's table, the token and request counters that the server keeps itself (serve/metrics.py), here
+    counted as sequences finish (each of a request's n samples is one)."""
 
     def __init__(self, stats: dict, labels: dict[str, str]):
         super().__init__(kind(name, dict(labels), **{"values" if kind is Vector else "value": value})
                          for name, kind, _, value in described(stats))
+        self.append(Counter("vllm:prompt_tokens", dict(labels), stats["num_finished_prompt_tokens"]))
+        self.append(Counter("vllm:generation_tokens", dict(labels), stats["num_finished_output_tokens"]))
+        self.extend(Counter("vllm:request_success", labels | {"finished_reason": reason}, count)
+                    for reason, count in stats["num_finished"].items())
         self.stats = stats
 
     def __getitem__(self, key):

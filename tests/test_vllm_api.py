@@ -80,13 +80,15 @@ def test_chat_template_content_format(llm):
 
 def test_get_metrics_reads_as_vllms_spec_decode_example(llm, tmp_path):
     """vLLM's offline speculative-decoding example sums these Metric objects by name; the same numbers as
-    stats(), which the list also reads by jaxspec's names. Without a head there are no spec_decode metrics."""
+    stats(), which the list also reads by jaxspec's names. Without a head there are no spec_decode metrics. The
+    prompt / generation token and request counters count the finished requests."""
     from jaxspec.metrics_reader import Counter, Gauge, Vector
     from tests.tiny import write_random_head
 
     spec = {"method": "eagle", "model": str(write_random_head(tmp_path / "head")), "num_speculative_tokens": 3}
     eagle = make_llm(tiny_weights(), llm.get_tokenizer().name_or_path, speculative_config=spec)
-    eagle.generate(["hello", "abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    outs = eagle.generate(["hello", "abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                          use_tqdm=False)
     metrics = eagle.get_metrics()
     num_drafts = num_draft_tokens = num_accepted_tokens = 0
     acceptance_counts = [0] * 3
@@ -111,3 +113,7 @@ def test_get_metrics_reads_as_vllms_spec_decode_example(llm, tmp_path):
     running = next(m for m in metrics if m.name == "vllm:num_requests_running")
     assert isinstance(running, Gauge) and running.value == 0 and running.labels == {"model_name": "", "engine": "0"}
     assert not [m for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode")]
+    value = {(m.name, m.labels.get("finished_reason")): m.value for m in metrics if isinstance(m, Counter)}
+    assert value["vllm:prompt_tokens", None] == sum(len(o.prompt_token_ids) for o in outs)
+    assert value["vllm:generation_tokens", None] == 24 and value["vllm:request_success", "length"] == 2
+    assert value["vllm:request_success", "stop"] == 0

@@ -43,6 +43,9 @@ class OutputProcessor:
         self.detokenizer = None if tokenizer is None else Detokenizer(tokenizer)
         self._token_text_of = logprob_output.token_text(tokenizer)
         self.logprob_store = LogprobStore()  # the output logprob rows of unfinished requests
+        # finished sequences (each of a request's n samples is one): by finish reason, their prompt and output tokens
+        self.num_finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.num_finished_prompt_tokens = self.num_finished_output_tokens = 0
 
     def _has_text(self, seq: Sequence) -> bool:
         return self.tokenizer is not None and seq.params.detokenize
@@ -131,6 +134,9 @@ class OutputProcessor:
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.status, seq.finish_reason, seq.stop_reason = Status.FINISHED, reason, stop_reason
         seq.metrics.finished_time = time.time()
+        self.num_finished[reason] += 1
+        self.num_finished_prompt_tokens += len(seq.prompt_token_ids)
+        self.num_finished_output_tokens += len(seq.output_token_ids)
         self.logprob_store.release(seq)
         if not self._has_text(seq):
             return
