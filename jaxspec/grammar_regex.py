@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+ANY_CHAR = r"[\x{0}-\x{10ffff}]"  # GBNF's `.`, and a negated empty class
 MAX_REGEX_CHARS = 1_000_000  # a grammar that inlines to more (rules reused at depth) is refused
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # what Rust's regex::escape escapes (outlines-core's regex engine)
 
@@ -50,9 +51,8 @@ def to_regex(grammar: str) -> str:
 @lru_cache(maxsize=64)
 def _to_regex(grammar: str) -> str:
     lark = is_lark(grammar)
-    rules, root = (_Parser(grammar, lark=lark).rules(), "start") if lark else (_Parser(grammar).rules(), "root")
-    if lark and root not in rules:
-        root = next(iter(rules))
+    rules = _Parser(grammar, lark=lark).rules()
+    root = ("start" if "start" in rules else next(iter(rules))) if lark else "root"
     if root not in rules:
         raise GrammarError(f"has no '{root}' rule (the rule the answer is)")
     for name, body in rules.items():
@@ -151,7 +151,7 @@ class _Parser:
             else:
                 self.pos = save
                 break
-        return alts[0] if len(alts) == 1 else Node("alt", items=tuple(alts))
+        return _alt(alts)
 
     def sequence(self, depth: int) -> Node:
         """Items up to a |, a closing bracket, the next rule (EBNF: its `name ::=`; Lark: a line end outside
@@ -170,7 +170,7 @@ class _Parser:
                 self.pos = m.end()
                 continue
             items.append(self.postfix(self.atom(depth)))
-        return _seq(items) if items else Node("seq")
+        return _seq(items)
 
     def atom(self, depth: int) -> Node:
         c = self.text[self.pos]
@@ -301,7 +301,7 @@ class _Parser:
             else:
                 parts.append(f"\\x{{{ord(lo):x}}}")
         if not parts:  # [^]: any character
-            return r"[\x{0}-\x{10ffff}]"
+            return ANY_CHAR
         return "[" + "^" * negated + "".join(parts) + "]"
 
     def class_char(self) -> str:
@@ -425,7 +425,7 @@ class _Inliner:
         if node.kind == "class":
             return node.text
         if node.kind == "any":
-            return r"[\x{0}-\x{10ffff}]"
+            return ANY_CHAR
         if node.kind == "raw":
             return "(" + node.text + ")"
         if node.kind == "ref":

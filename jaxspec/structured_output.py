@@ -148,8 +148,8 @@ class GuidedDecodingParams(StructuredOutputsParams):
 class StructuredOutputsConfig:
     """vLLM's engine-wide settings (`LLM(structured_outputs_config={...})`): the backend's name (any of vLLM's: one
     automaton compiler runs them all), whitespace and additionalProperties defaults for every request; plus
-    jaxspec's device pool of automata: max_states and max_transitions (0: max_states * vocab / 4, at most 2**23 or 128 * vocab, whichever is more;
-    EngineConfig.grammar_states / grammar_transitions)."""
+    jaxspec's device pool of automata: max_states and max_transitions (0: sized from the vocabulary, as
+    EngineConfig.grammar_max_transitions says; EngineConfig.grammar_states / grammar_transitions)."""
     backend: str = "auto"
     disable_fallback: bool = False
     disable_any_whitespace: bool = False

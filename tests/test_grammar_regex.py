@@ -1,6 +1,7 @@
 """Grammars (vLLM's `StructuredOutputsParams.grammar`, EBNF or Lark) as regexes: each test grammar's language is
 checked against strings written by hand (in and out of it), through Python's re and through the automaton
-outlines-core builds from the same regex (as the engine builds it); what a finite automaton cannot hold is refused by name."""
+outlines-core builds from the same regex (as the engine builds it); what a finite automaton cannot hold is refused
+by name."""
 
 from __future__ import annotations
 
