@@ -33,7 +33,7 @@ def fake_preset(tmp_path_factory) -> Path:
 def test_every_form_finds_the_same_files(fake_preset, monkeypatch):
     root = fake_preset / PRESET
     monkeypatch.setenv("JAXSPEC_WEIGHTS_DIR", str(fake_preset))  # read when called: the preset is the tiny model
-    head = presets.shipped_head("eagle-smollm2-135m-instruct")
+    head = presets.shipped_head("eagle3-smollm2-135m-instruct")  # the preset's head
     for model in (PRESET, root, root / "ckpt", str(root / "ckpt")):
         files = resolve_model(model)
         assert (files.weights, files.hf_dir, files.tokenizer) == (root / "ckpt", root / "hf", root / "hf"), model
