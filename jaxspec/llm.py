@@ -389,7 +389,7 @@ class LLM:
     def stats(self) -> dict:
         """Speculative decoding counters, step timing, the scheduler's state, the tokens run through prefill, the
         prefix cache's queried and found prompt tokens, and the finished sequences (by finish reason) with their
-        prompt and output tokens."""
+        prompt and output tokens and vLLM's latency and size histograms of them (engine/request_histograms.py)."""
         engine = self.llm_engine
         t, sched = engine.times, engine.scheduler
         return {**engine.spec_metrics.as_dict(), "num_steps": t.num_steps, "num_dispatches": t.num_dispatches,
@@ -403,7 +403,8 @@ class LLM:
                 "prefix_cache_hits": engine.block_manager.prefix_hits,
                 "num_finished": dict(engine.output_processor.num_finished),
                 "num_finished_prompt_tokens": engine.output_processor.num_finished_prompt_tokens,
-                "num_finished_output_tokens": engine.output_processor.num_finished_output_tokens}
+                "num_finished_output_tokens": engine.output_processor.num_finished_output_tokens,
+                "request_histograms": engine.output_processor.histograms.snapshot()}
 
     # ---- requests of one call
 

@@ -38,8 +38,8 @@ class Gauge(Metric):
 
 @dataclass
 class Histogram(Metric):
-    """For vLLM code that tells the types apart: the offline list has none (the latency histograms are the
-    server's, on /metrics)."""
+    """vLLM's request latency and size histograms: buckets maps each upper bound, as Prometheus's `le` label
+    ("0.001", "1.0", "+Inf"), to the observations at or below it."""
     count: int
     sum: float
     buckets: dict[str, int]
@@ -78,8 +78,9 @@ def described(stats: dict) -> list[tuple[str, type, str, Any]]:
 
 class Metrics(list):
     """What LLM.get_metrics() returns: vLLM's list of Metric objects, also indexable by a jaxspec stats name. Besides
-    the engine's table, the token and request counters that the server keeps itself (serve/metrics.py), here
-    counted as sequences finish (each of a request's n samples is one)."""
+    the engine's table, the token and request counters and the request histograms that the server keeps itself
+    (serve/metrics.py), here counted as sequences finish (each of a request's n samples is one; the histograms
+    leave aborted ones out, and vLLM's inter-token latency, a per-token observation, is the server's alone)."""
 
     def __init__(self, stats: dict, labels: dict[str, str]):
         super().__init__(kind(name, dict(labels), **{"values" if kind is Vector else "value": value})
@@ -88,6 +89,8 @@ class Metrics(list):
         self.append(Counter("vllm:generation_tokens", dict(labels), stats["num_finished_output_tokens"]))
         self.extend(Counter("vllm:request_success", labels | {"finished_reason": reason}, count)
                     for reason, count in stats["num_finished"].items())
+        self.extend(Histogram(name, dict(labels), h["count"], h["sum"], dict(h["buckets"]))
+                    for name, h in stats["request_histograms"].items())
         self.stats = stats
 
     def __getitem__(self, key):

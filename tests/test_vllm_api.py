@@ -117,3 +117,52 @@ def test_get_metrics_reads_as_vllms_spec_decode_example(llm, tmp_path):
     assert value["vllm:prompt_tokens", None] == sum(len(o.prompt_token_ids) for o in outs)
     assert value["vllm:generation_tokens", None] == 24 and value["vllm:request_success", "length"] == 2
     assert value["vllm:request_success", "stop"] == 0
+
+
+def test_get_metrics_has_vllms_request_histograms(llm):
+    """vLLM's offline list has the request latency and size histograms: one observation per finished request, the
+    sums those of the requests' own RequestOutput.metrics and token counts, buckets cumulative up to "+Inf"."""
+    from jaxspec.metrics_reader import Histogram
+
+    before = {m.name: m for m in llm.get_metrics() if isinstance(m, Histogram)}
+    outs = llm.generate(["hello", "abc", "xyz"], [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+                                                  for n in (3, 7, 1)], use_tqdm=False)
+    after = {m.name: m for m in llm.get_metrics() if isinstance(m, Histogram)}
+    assert set(after) >= {"vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                          "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                          "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+                          "vllm:request_time_per_output_token_seconds", "vllm:request_prompt_tokens",
+                          "vllm:request_generation_tokens"}
+    added = {name: (h.count - before[name].count, h.sum - before[name].sum) for name, h in after.items()}
+    ms = [o.metrics for o in outs]
+    expected = {
+        "vllm:time_to_first_token_seconds": [m.first_token_time - m.arrival_time for m in ms],
+        "vllm:e2e_request_latency_seconds": [m.finished_time - m.arrival_time for m in ms],
+        "vllm:request_queue_time_seconds": [m.first_scheduled_time - m.arrival_time for m in ms],
+        "vllm:request_prefill_time_seconds": [m.first_token_time - m.first_scheduled_time for m in ms],
+        "vllm:request_decode_time_seconds": [m.last_token_time - m.first_token_time for m in ms],
+        "vllm:request_inference_time_seconds": [m.last_token_time - m.first_scheduled_time for m in ms],
+        "vllm:request_time_per_output_token_seconds": [(m.last_token_time - m.first_token_time) / (n - 1)
+                                                       for m, n in zip(ms, (3, 7, 1)) if n > 1],
+        "vllm:request_prompt_tokens": [len(o.prompt_token_ids) for o in outs],
+        "vllm:request_generation_tokens": [3, 7, 1]}
+    for name, values in expected.items():
+        count, total = added[name]
+        assert count == len(values) and total == pytest.approx(sum(values), rel=1e-9, abs=1e-9), name
+        assert all(v >= 0 for v in values), name
+    for h in after.values():
+        counts = list(h.buckets.values())
+        assert counts == sorted(counts) and list(h.buckets)[-1] == "+Inf" and counts[-1] == h.count, h.name
+    assert after["vllm:request_generation_tokens"].buckets["5.0"] - before["vllm:request_generation_tokens"].buckets[
+        "5.0"] == 2  # 3 and 1 at or below 5, 7 above
+
+
+def test_histogram_buckets_follow_prometheus_le():
+    """A value equal to a bound counts in that bound's bucket (Prometheus's `le`), one above every bound only in
+    "+Inf"."""
+    from jaxspec.engine.request_histograms import BucketCounts
+
+    h = BucketCounts([1, 2.5])
+    for v in (0.5, 1, 1.0001, 2.5, 3):
+        h.observe(v)
+    assert h.cumulative() == {"1.0": 2, "2.5": 4, "+Inf": 5} and h.count == 5 and h.sum == pytest.approx(8.0001)

@@ -29,6 +29,7 @@ import numpy as np
 from jaxspec.engine import logprob_output
 from jaxspec.engine.detokenizer import Detokenizer, decode_outputs, pending_text
 from jaxspec.engine.logprob_store import LogprobStore
+from jaxspec.engine.request_histograms import RequestHistograms
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.sequence import Sequence, Status
 from jaxspec.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -46,6 +47,7 @@ class OutputProcessor:
         # finished sequences (each of a request's n samples is one): by finish reason, their prompt and output tokens
         self.num_finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.num_finished_prompt_tokens = self.num_finished_output_tokens = 0
+        self.histograms = RequestHistograms()  # vLLM's latency and size histograms of the finished, aborts left out
 
     def _has_text(self, seq: Sequence) -> bool:
         return self.tokenizer is not None and seq.params.detokenize
@@ -137,6 +139,8 @@ class OutputProcessor:
         self.num_finished[reason] += 1
         self.num_finished_prompt_tokens += len(seq.prompt_token_ids)
         self.num_finished_output_tokens += len(seq.output_token_ids)
+        if reason != "abort":
+            self.histograms.observe(seq.metrics, len(seq.prompt_token_ids), len(seq.output_token_ids))
         self.logprob_store.release(seq)
         if not self._has_text(seq):
             return
