@@ -264,6 +264,8 @@ def test_models_health_metrics(served):
     assert delta("vllm:time_to_first_token_seconds_count") == 1
     assert delta("vllm:e2e_request_latency_seconds_count") == 1
     assert delta("vllm:inter_token_latency_seconds_count") >= 1
+    for phase in ("queue", "prefill", "decode", "inference"):  # the engine's RequestMetrics of the output
+        assert delta(f"vllm:request_{phase}_time_seconds_count") == 1, phase
     assert metric(after, "vllm:kv_cache_usage_perc") == 0
 
 

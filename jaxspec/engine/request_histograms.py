@@ -9,6 +9,7 @@ the first token, decode from the first to the last token, inference from first s
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterable
 
 from jaxspec.outputs import RequestMetrics
 
@@ -34,6 +35,23 @@ HISTOGRAMS = [
     ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS),
     ("vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS),
 ]
+
+
+# the phases of a request: (histogram, the RequestMetrics fields it spans)
+PHASES = {
+    "vllm:time_to_first_token_seconds": ("arrival_time", "first_token_time"),
+    "vllm:e2e_request_latency_seconds": ("arrival_time", "finished_time"),
+    "vllm:request_queue_time_seconds": ("arrival_time", "first_scheduled_time"),
+    "vllm:request_prefill_time_seconds": ("first_scheduled_time", "first_token_time"),
+    "vllm:request_decode_time_seconds": ("first_token_time", "last_token_time"),
+    "vllm:request_inference_time_seconds": ("first_scheduled_time", "last_token_time"),
+}
+
+
+def latencies(m: RequestMetrics, names: Iterable[str] = tuple(PHASES)) -> dict[str, float]:
+    """The phases of `names` (PHASES' keys) that the request reached both ends of, in seconds."""
+    spans = {name: (getattr(m, PHASES[name][0]), getattr(m, PHASES[name][1])) for name in names}
+    return {name: end - start for name, (start, end) in spans.items() if start is not None and end is not None}
 
 
 class BucketCounts:
@@ -69,16 +87,8 @@ class RequestHistograms:
     def observe(self, m: RequestMetrics, num_prompt_tokens: int, num_output_tokens: int) -> None:
         """A finished sequence's times (those it never reached, e.g. an abort while waiting, are left out) and
         sizes."""
-        def add(name: str, start: float | None, end: float | None) -> None:
-            if start is not None and end is not None:
-                self.by_name[name].observe(end - start)
-
-        add("vllm:time_to_first_token_seconds", m.arrival_time, m.first_token_time)
-        add("vllm:e2e_request_latency_seconds", m.arrival_time, m.finished_time)
-        add("vllm:request_queue_time_seconds", m.arrival_time, m.first_scheduled_time)
-        add("vllm:request_prefill_time_seconds", m.first_scheduled_time, m.first_token_time)
-        add("vllm:request_decode_time_seconds", m.first_token_time, m.last_token_time)
-        add("vllm:request_inference_time_seconds", m.first_scheduled_time, m.last_token_time)
+        for name, seconds in latencies(m).items():
+            self.by_name[name].observe(seconds)
         if num_output_tokens > 1 and m.first_token_time is not None and m.last_token_time is not None:
             self.by_name["vllm:request_time_per_output_token_seconds"].observe(
                 (m.last_token_time - m.first_token_time) / (num_output_tokens - 1))

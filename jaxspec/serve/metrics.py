@@ -2,7 +2,8 @@
 
 Request latencies are observed on the event loop from the engine's step timestamps: TTFT from arrival
 to the first token, inter-token latency per output chunk (a speculative step may bring several tokens), TPOT per
-request (excluding the first token), end to end at the finish. The engine's own counters and pool state are read
+request (excluding the first token), end to end at the finish; the time queued, in prefill, in decode and running
+from the engine's own RequestMetrics of the finished output. The engine's own counters and pool state are read
 from the snapshot the engine takes (`EngineLoop.metrics`), never from the engine itself. Names vLLM does
 not have get a `jaxspec:` prefix (the KV pool in pages).
 """
@@ -15,9 +16,13 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jaxspec.engine.request_histograms import E2E_BUCKETS, ITL_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS
+from jaxspec.engine.request_histograms import (E2E_BUCKETS, HISTOGRAMS, ITL_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS,
+                                               latencies)
 from jaxspec.metrics_reader import Gauge, Vector, described
 from jaxspec.serve.engine_loop import RequestTiming
+
+ENGINE_PHASES = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds")
 
 
 class EngineCollector:
@@ -78,6 +83,9 @@ class ServerMetrics:
                                             "processed.", buckets=TOKEN_BUCKETS)
         self.request_generation_tokens = metric(Histogram, "vllm:request_generation_tokens", "Number of "
                                                 "generation tokens processed.", buckets=TOKEN_BUCKETS)
+        # the phases the engine times (queued, prefill, decode, running), from the finished output's RequestMetrics
+        self.phases = {name: metric(Histogram, name, doc, buckets=bounds) for name, doc, bounds in HISTOGRAMS
+                       if name in ENGINE_PHASES}
         self.prompt_tokens = metric(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = metric(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
@@ -113,5 +121,8 @@ class ServerMetrics:
             return
         self.request_generation_tokens.observe(t.num_tokens)
         self.e2e.observe(now - t.arrival)
+        if out.metrics is not None:
+            for name, seconds in latencies(out.metrics, ENGINE_PHASES).items():
+                self.phases[name].observe(seconds)
         if t.num_tokens > 1:
             self.tpot.observe((t.last_token - t.first_token) / (t.num_tokens - 1))
