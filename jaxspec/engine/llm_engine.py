@@ -70,6 +70,12 @@ class SpecMetrics:
                 "mean_acceptance_length": self.mean_acceptance_length}
 
 
+def _sub_counts(after: dict, before: dict) -> dict:
+    """after - before for every number of a nested dict (keys missing before count as 0)."""
+    return {k: _sub_counts(n, before.get(k, {})) if isinstance(n, dict) else n - before.get(k, 0)
+            for k, n in after.items()}
+
+
 def metrics_delta(before: dict, after: dict) -> dict:
     """`LLM.stats()` counts since the LLM was built; this is one run's share (counts, lists and histograms
     subtracted), with the derived rates (SpecMetrics) recomputed."""
@@ -77,8 +83,8 @@ def metrics_delta(before: dict, after: dict) -> dict:
     for key, v in after.items():
         if isinstance(v, list) and key == "accepted_per_position":
             d[key] = [a - b for a, b in zip(v, before[key])]
-        elif isinstance(v, dict):
-            d[key] = {k: n - before.get(key, {}).get(k, 0) for k, n in v.items()}
+        elif isinstance(v, dict):  # counts by k, by finish reason; histograms (a dict of dicts)
+            d[key] = _sub_counts(v, before.get(key, {}))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             d[key] = v - before.get(key, 0)
     spec = SpecMetrics(d.get("num_drafts", 0), d.get("num_draft_tokens", 0), d.get("num_accepted_tokens", 0),
