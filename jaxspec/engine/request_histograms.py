@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import accumulate
 
 from jaxspec.outputs import RequestMetrics
 
@@ -71,11 +72,7 @@ class BucketCounts:
 
     def cumulative(self) -> dict[str, int]:
         """Prometheus's bucket samples: upper bound as its `le` label ("0.001", "1.0", "+Inf") -> observations <= it."""
-        out, total = {}, 0
-        for bound, n in zip([*map(float, self.bounds), float("inf")], self.counts):
-            total += n
-            out["+Inf" if bound == float("inf") else repr(bound)] = total
-        return out
+        return dict(zip([*(repr(float(b)) for b in self.bounds), "+Inf"], accumulate(self.counts)))
 
 
 class RequestHistograms:

@@ -16,8 +16,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jaxspec.engine.request_histograms import (E2E_BUCKETS, HISTOGRAMS, ITL_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS,
-                                               latencies)
+from jaxspec.engine.request_histograms import HISTOGRAMS, ITL_BUCKETS, latencies
 from jaxspec.metrics_reader import Gauge, Vector, described
 from jaxspec.serve.engine_loop import RequestTiming
 
@@ -71,21 +70,17 @@ class ServerMetrics:
         def metric(cls, name: str, doc: str, **kw):
             return cls(name, doc, labelnames=["model_name"], registry=self.registry, **kw).labels(model_name)
 
-        self.ttft = metric(Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in "
-                           "seconds.", buckets=TTFT_BUCKETS)
+        # vLLM's request histograms, one table with the offline list's (engine/request_histograms.py); the
+        # inter-token latency, a per-token observation, is the server's own
+        hist = {name: metric(Histogram, name, doc, buckets=bounds) for name, doc, bounds in HISTOGRAMS}
+        self.ttft, self.e2e = hist["vllm:time_to_first_token_seconds"], hist["vllm:e2e_request_latency_seconds"]
+        self.tpot = hist["vllm:request_time_per_output_token_seconds"]
+        self.request_prompt_tokens = hist["vllm:request_prompt_tokens"]
+        self.request_generation_tokens = hist["vllm:request_generation_tokens"]
+        # the phases the engine times (queued, prefill, decode, running), from the finished output's RequestMetrics
+        self.phases = {name: hist[name] for name in ENGINE_PHASES}
         self.itl = metric(Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
                           "seconds.", buckets=ITL_BUCKETS)
-        self.tpot = metric(Histogram, "vllm:request_time_per_output_token_seconds", "Histogram of time_per_"
-                           "output_token_seconds per request.", buckets=ITL_BUCKETS)
-        self.e2e = metric(Histogram, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
-                          "seconds.", buckets=E2E_BUCKETS)
-        self.request_prompt_tokens = metric(Histogram, "vllm:request_prompt_tokens", "Number of prefill tokens "
-                                            "processed.", buckets=TOKEN_BUCKETS)
-        self.request_generation_tokens = metric(Histogram, "vllm:request_generation_tokens", "Number of "
-                                                "generation tokens processed.", buckets=TOKEN_BUCKETS)
-        # the phases the engine times (queued, prefill, decode, running), from the finished output's RequestMetrics
-        self.phases = {name: metric(Histogram, name, doc, buckets=bounds) for name, doc, bounds in HISTOGRAMS
-                       if name in ENGINE_PHASES}
         self.prompt_tokens = metric(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = metric(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
