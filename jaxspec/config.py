@@ -9,16 +9,26 @@ from jaxspec.models.eagle import check_method
 MAX_SPECULATIVE_TOKENS = 16
 
 
+NGRAM_METHODS = ("ngram", "[ngram]", "ngram_gpu")  # vLLM's names of prompt lookup (the last its GPU proposer's)
+
+
 @dataclass
 class SpeculativeConfig:
-    method: str  # "eagle" or "eagle3"
-    model: str  # path of the draft head (HF-style directory)
+    method: str  # "eagle", "eagle3" or "ngram" (jaxspec.engine.ngram: drafts looked up in the sequence, no head)
+    model: str | None  # path of the draft head (HF-style directory); None for ngram
     num_speculative_tokens: int  # K: the most drafts a step verifies
     # How each step picks its k in 0..K (jaxspec.engine.spec_policy): always K (neither set), the k that maximizes
     # expected tokens/s from live acceptance and measured step times (dynamic), or a table from a step's number
     # of decode rows to k (keys: batch sizes, each the smallest it applies to).
     dynamic: bool = False
     num_speculative_tokens_per_batch_size: dict[int, int] | None = None
+    # ngram: the n-gram lengths looked up, longest first (vLLM's defaults: both 5, or the one given)
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.method == "ngram"
 
     @classmethod
     def parse(cls, spec: dict | "SpeculativeConfig" | None) -> "SpeculativeConfig | None":
@@ -26,13 +36,24 @@ class SpeculativeConfig:
             return spec
         if not isinstance(spec, dict):
             raise ValueError(f"speculative_config must be a dict, got {type(spec).__name__}")
-        method = check_method(spec.get("method", "eagle"), "speculative_config.method")
+        method = spec.get("method")
+        if method is None:  # vLLM: model "ngram" or "[ngram]" alone selects the method
+            method = "ngram" if spec.get("model") in NGRAM_METHODS else "eagle"
+        method = "ngram" if method in NGRAM_METHODS else check_method(method, "speculative_config.method")
         spec = _from_vllm(spec)
+        lookup = {"prompt_lookup_min", "prompt_lookup_max"} if method == "ngram" else set()
         unknown = set(spec) - {"method", "model", "num_speculative_tokens", "dynamic",
-                               "num_speculative_tokens_per_batch_size"}
+                               "num_speculative_tokens_per_batch_size"} - lookup
         if unknown:
-            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
-        if not spec.get("model"):
+            hint = " (for method 'ngram')" if unknown & {"prompt_lookup_min", "prompt_lookup_max"} else ""
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}{hint}")
+        if method == "ngram":
+            if spec.get("model") not in (None, *NGRAM_METHODS):
+                raise ValueError(f"speculative_config.model={spec['model']!r}: method 'ngram' uses no draft model")
+            if spec.get("dynamic"):
+                raise ValueError("speculative_config.dynamic is for draft heads (eagle, eagle3): ngram drafts a "
+                                 "varying number of tokens per row; num_speculative_tokens_per_batch_size works")
+        elif not spec.get("model"):
             raise ValueError("speculative_config.model (the draft head's path) is required")
         k = spec.get("num_speculative_tokens")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
@@ -47,8 +68,23 @@ class SpeculativeConfig:
                 raise ValueError("speculative_config: dynamic and num_speculative_tokens_per_batch_size exclude "
                                  "each other")
             table = _k_table(table, k)
-        return cls(method=method, model=str(spec["model"]), num_speculative_tokens=k, dynamic=dynamic,
-                   num_speculative_tokens_per_batch_size=table)
+        lookup_min, lookup_max = _lookup_lengths(spec) if method == "ngram" else (None, None)
+        return cls(method=method, model=None if method == "ngram" else str(spec["model"]),
+                   num_speculative_tokens=k, dynamic=dynamic, num_speculative_tokens_per_batch_size=table,
+                   prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)
+
+
+def _lookup_lengths(spec: dict) -> tuple[int, int]:
+    """(prompt_lookup_min, prompt_lookup_max) as vLLM settles them: both 5 when neither is given, else the missing
+    one equal to the other; integers >= 1, min <= max."""
+    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}")
+    lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
+    if lo > hi:
+        raise ValueError(f"speculative_config.prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
+    return lo, hi
 
 
 # vLLM's other speculative_config keys: those whose value changes nothing here, at any value or at the ones listed

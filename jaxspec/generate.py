@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from jaxspec.config import NGRAM_METHODS
 from jaxspec.json_config import read_json_arg
 
 # GSM8K-style questions of our own (the README's command must run without ../shared/data)
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> dict:
     if spec is None:
         print("no draft head: plain decoding (pass --speculative-config to use one)")
     else:
-        print(f"{spec['method']} head, k={spec['num_speculative_tokens']}: mean acceptance length "
+        drafter = "ngram lookup" if spec["method"] in NGRAM_METHODS else f"{spec['method']} head"
+        print(f"{drafter}, k={spec['num_speculative_tokens']}: mean acceptance length "
               f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
               f"{[round(r, 3) for r in m['acceptance_rate_per_position']]}")
     return {"compile_s": compile_s, "num_compiled": programs, "recompiles": recompiles, "output_tokens": tokens,

@@ -156,7 +156,7 @@ class LLM:
         self.model_config = target_cfg
         self.tokenizer = load_tokenizer(tokenizer_dir, required=explicit_tokenizer) if tokenizer_dir else None
         draft_cfg = draft_w = None
-        if spec is not None:
+        if spec is not None and not spec.is_ngram:  # ngram drafts from the sequence itself: no head
             draft_cfg, draft_w = loader.load_draft(spec, target_cfg, load_format, seed)
             draft_cfg, draft_w = parallel.prepare(draft_cfg, draft_w, eagle.abstract(draft_cfg), draft_tp,
                                                   "draft_tensor_parallel_size", "the draft head")

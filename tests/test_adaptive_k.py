@@ -298,7 +298,7 @@ def test_vllm_speculative_config_keys():
     by_size = SpeculativeConfig.parse(base | {"disable_by_batch_size": 32})
     assert by_size.num_speculative_tokens_per_batch_size == {1: K, 32: 0}
     assert TablePolicy(K, by_size.num_speculative_tokens_per_batch_size).choose(31, 31, np.arange(31)) == K
-    for extra, message in [({"method": "ngram", "prompt_lookup_max": 4}, "method must be one of"),
+    for extra, message in [({"method": "medusa"}, "method must be one of"),
                            ({"spec_token_tree": "[(0,), (1,)]"}, "spec_token_tree"),
                            ({"acceptance_method": "typical_acceptance_sampler"}, "acceptance_method"),
                            ({"draft_tensor_parallel_size": 2}, r"LLM\(draft_tensor_parallel_size"),
@@ -321,17 +321,19 @@ DRAFTS = np.array([4, 0, 1, 0, 3, 4, 1, 0, 2, 1], np.int32)  # per position: oft
 
 @functools.partial(jax.jit, static_argnames=("ks",))
 def _steps(seeds, ks):
-    """Per seed: steps with k = ks[0], ks[1], ... from position 0; the first 3 emitted tokens."""
+    """Per seed: steps with (k, drafts) = ks[0], ks[1], ... from position 0, each verifying k draft slots of which
+    the first `drafts` hold drafts (ngram may fill fewer than k; the rest are stale tokens that must be ignored);
+    the first 3 emitted tokens."""
     logits_all = jnp.log(jnp.asarray(PROBS))
 
     def one(seed):
         pos, seq = jnp.int32(0), jnp.full((len(PROBS),), -1, jnp.int32)
-        for k in ks:
+        for k, c in ks:
             at = pos + jnp.arange(k + 1)
             logits = logits_all[at][None]
-            drafts = jnp.asarray(DRAFTS)[at[1:]][None] if k else jnp.zeros((1, 0), jnp.int32)
+            drafts = jnp.where(jnp.arange(k) < c, jnp.asarray(DRAFTS)[at[1:]], 2)[None]
             one_ = lambda x, dtype: jnp.asarray([x], dtype)  # noqa: E731
-            emitted, n_acc = rejection_sample(logits, drafts, one_(k, jnp.int32), one_(1.0, jnp.float32),
+            emitted, n_acc = rejection_sample(logits, drafts, one_(c, jnp.int32), one_(1.0, jnp.float32),
                                               one_(0, jnp.int32), one_(1.0, jnp.float32), seed[None],
                                               one_(0, jnp.int32) + pos, all_greedy=False, filtered=False)
             keep = jnp.arange(k + 1) <= n_acc[0]
@@ -342,10 +344,12 @@ def _steps(seeds, ks):
     return jax.vmap(one)(seeds)
 
 
-@pytest.mark.parametrize("ks", [(2, 0, 1), (1, 3, 0), (0, 2, 2), (3, 1, 2)])
+@pytest.mark.parametrize("ks", [((2, 2), (0, 0), (1, 1)), ((1, 1), (3, 3), (0, 0)), ((0, 0), (2, 2), (2, 2)),
+                                ((3, 3), (1, 1), (2, 2)), ((3, 1), (3, 0), (3, 3)), ((3, 2), (3, 1), (3, 0))])
 def test_joint_distribution_is_the_target_with_k_changing_between_steps(ks):
     """Chi-square over 24,000 seeds: the first three tokens' joint distribution equals the product of the
-    target's per-position distributions, whichever k each step drafted with."""
+    target's per-position distributions, whichever k each step drafted with and however many of its k slots a
+    row filled (ngram)."""
     seqs = np.asarray(_steps(jnp.arange(N, dtype=jnp.uint32), ks))
     assert (seqs >= 0).all()
     cells = seqs[:, 0] * V * V + seqs[:, 1] * V + seqs[:, 2]

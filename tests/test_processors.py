@@ -321,9 +321,9 @@ def test_sparse_admission_equals_the_dense_rows():
     requests = [SlotSpec({}, None, [[4, 5], [9]], [0, 7, 60]), SlotSpec({}, None, [], [49, 3])]
     slots = np.array([[2, S], [4, 2], [S, S]], np.int32)  # the second shares the first's prompt mask; a padding row
     state = SlotState.init(S, 3, V)
-    state = SlotState(state.tokens, state.seq_len, state.num_drafts, dataclasses.replace(
+    state = dataclasses.replace(state, proc=dataclasses.replace(
         state.proc, counts=state.proc.counts + 1, prompt_mask=state.proc.prompt_mask.at[2, 11].set(True),
-        bias=state.proc.bias + 2.0), state.grammar)  # what earlier requests left in the slots
+        bias=state.proc.bias + 2.0))  # what earlier requests left in the slots
     dense = [r.rows(V) for r in requests] + [SlotSpec({}, None, [], []).rows(V)]
     sparse = [r.sparse_rows(V) for r in requests] + [SlotSpec({}, None, [], []).sparse_rows(V)]
     none = np.full(3, -1, np.int32)  # no structured-output constraint

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from jaxspec import compile_cache
 from jaxspec.bench import data, report
+from jaxspec.config import NGRAM_METHODS
 from jaxspec.json_config import read_json, read_json_arg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +201,7 @@ def parse_spec(args) -> dict | None:
         return None
     spec = read_json_arg(args.speculative_config, "--speculative-config")
     spec.setdefault("method", "eagle")
-    if args.load_format == "dummy":
+    if args.load_format == "dummy" and spec["method"] not in NGRAM_METHODS:
         spec.setdefault("model", "dummy")
     elif spec.get("model") == "dummy":
         raise ValueError('speculative model "dummy" (a random head) needs --load-format dummy')

@@ -383,8 +383,9 @@ class LLMEngine:
             self.trace.append((event, step))
 
     def _count_acceptance(self, plan: StepPlan, k: int, decode_np: np.ndarray) -> None:
-        """Add one step's drafts (k per row) to the counters and the policy (vectorized: this runs once per step
-        over every row)."""
+        """Add one step's drafts (up to k per row: `out` marks the positions that had none with -2) to the counters
+        and the policy (vectorized: this runs once per step over every row); as vLLM, a row with no drafts made
+        no draft."""
         m = self.spec_metrics
         # the extra step of a request that already finished: its tokens are discarded, and so is its draft
         finished = Status.FINISHED  # the status itself, not Sequence.is_finished: 96 property calls cost ~20 us
@@ -394,8 +395,9 @@ class LLMEngine:
         self.spec_policy.observe(np.asarray(plan.decode_slots)[live], k, accepted)
         if k == 0:
             return
-        m.num_drafts += len(accepted)
-        m.num_draft_tokens += k * len(accepted)
+        drafts = k - np.count_nonzero(decode_np[:len(plan.decode), 2:k + 2][live] == -2, axis=1)
+        m.num_drafts += int(np.count_nonzero(drafts))
+        m.num_draft_tokens += int(drafts.sum())
         m.num_accepted_tokens += int(accepted.sum())
         at_least = np.bincount(accepted, minlength=k + 1)[::-1].cumsum()[::-1]  # [m]: rows that accepted >= m
         for j, n in enumerate(at_least[1:k + 1].tolist()):  # position j accepted: at least j + 1 drafts

@@ -24,9 +24,10 @@ from jaxspec.engine import sampler
 from jaxspec.engine.grammar_pool import GrammarPool
 from jaxspec.engine.scheduler import PrefillChunk
 from jaxspec.engine.slot_spec import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_SPARSE_STOPS
-from jaxspec.engine.step import (COPY_PAGES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec, admit_sparse_step,
-                                 admit_step, copy_pages_step, decode_step, multi_decode_step, output_shape,
-                                 place_grammar_step, plan_program, prefill_step, program, slot_program)
+from jaxspec.engine.step import (COPY_PAGES, HISTORY_WRITES, MAX_DEVICE_STOPS, Caches, SlotState, StepSpec,
+                                 admit_sparse_step, admit_step, copy_pages_step, decode_step, history_step,
+                                 multi_decode_step, output_shape, place_grammar_step, plan_program, prefill_step,
+                                 program, slot_program)
 from jaxspec.models import eagle, llama
 
 logger = logging.getLogger("jaxspec")
@@ -97,6 +98,8 @@ class ModelRunner:
         here with their shardings; caches split by KV heads, slot state replicated. None: one device."""
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
+        spec = cfg.speculative
+        self.ngram = (spec.prompt_lookup_min, spec.prompt_lookup_max) if spec is not None and spec.is_ngram else None
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
@@ -119,7 +122,8 @@ class ModelRunner:
         self.spec = StepSpec(target=target_cfg, draft=draft_cfg, num_speculative_tokens=self.k,
                              page_size=cfg.page_size, max_model_len=cfg.max_model_len,
                              num_logprobs=min(cfg.max_logprobs, target_cfg.vocab_size),
-                             synthetic_acceptance=synthetic_acceptance, shardings=shardings).canonical()
+                             synthetic_acceptance=synthetic_acceptance, shardings=shardings,
+                             ngram=self.ngram).canonical()
         # the step's static spec for each k <= K and mode (decode_mode / prefill_mode of a batch kind), built once
         self._specs = {(k, mode): dataclasses.replace(self.spec, num_speculative_tokens=k, all_greedy=mode[0],
                                                       filtered=mode[1], extended=mode[2], processors=mode[3],
@@ -152,7 +156,7 @@ class ModelRunner:
 
     def _new_state(self) -> SlotState:
         return SlotState.init(self.num_slots, self.k, self.vocab_size, self.grammar_pool.max_states,
-                              self.grammar_pool.max_transitions)
+                              self.grammar_pool.max_transitions, self.cfg.max_model_len if self.ngram else 0)
 
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings
@@ -319,6 +323,8 @@ class ModelRunner:
         for c in chunks:  # the slot's sampling params, for this and every later step of the sequence
             self.sampling.set(c.seq.slot, c.seq.params, c.seq.seed, len(c.seq.prompt_token_ids))
         self._admit([c for c in chunks if c.start == c.seq.num_copied and c.seq.params.needs_extended_step])
+        if self.ngram:
+            self._write_history([c for c in chunks if c.start == c.seq.num_copied > 0])
         slots = self._slots([c.seq.slot for c in chunks], R)
         tok = np.zeros((N, 4), np.int32)
         tok[:, 2] = -1  # padding tokens belong to no row
@@ -371,6 +377,16 @@ class ModelRunner:
         for r, c in enumerate(chunks):
             bias[r], stop[r], bad[r] = c.seq.slot_spec.rows(V)
         self.state = slot_program(admit_step)(self.state, slots, bias, stop, bad, states, spec=self.spec)
+
+    def _write_history(self, chunks: list[PrefillChunk]) -> None:
+        """ngram: the prompt prefix that these first chunks skip (cached or copied) into their history rows,
+        HISTORY_WRITES tokens per dispatch, before the prefill that writes the rest."""
+        writes = np.array([(c.seq.slot, p, t) for c in chunks
+                           for p, t in enumerate(c.seq.prefill_token_ids[:c.start])], np.int32).reshape(-1, 3)
+        for i in range(0, len(writes), HISTORY_WRITES):
+            part = np.full((HISTORY_WRITES, 3), (self.num_slots, 0, 0), np.int32)
+            part[:len(writes[i:i + HISTORY_WRITES])] = writes[i:i + HISTORY_WRITES]
+            self.state = slot_program(history_step)(self.state, part, spec=self.spec)
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy KV pages (source, destination) in both caches, COPY_PAGES per dispatch."""

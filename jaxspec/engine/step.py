@@ -1,11 +1,11 @@
 """The jitted steps: device arrays in, device arrays out; caches and slot state donated.
 
 `decode_step` is DESIGN's spec_step: verify [last_token, d_1..d_k] for every scheduled slot, rejection-sample,
-draft k new tokens with the EAGLE head, commit seq_len/last_token/drafts on device. With k = 0 (no head) it is
-plain decoding through the same code. `prefill_step` runs ragged prompt chunks of several sequences as one flat
-row, samples each finished prompt's first token and, with a head, fills the draft cache and makes the first
-drafts. The host reads only `out`: [rows, k+2] int32 = (count, tokens..., -1 padding), written over a donated
-buffer of its shape (`compiled`).
+draft k new tokens with the EAGLE head (or look them up, engine/ngram.py), commit seq_len/last_token/drafts on
+device. With k = 0 (no head) it is plain decoding through the same code. `prefill_step` runs ragged prompt chunks
+of several sequences as one flat row, samples each finished prompt's first token and, with a head, fills the draft
+cache and makes the first drafts. The host reads only `out`: [rows, k+2] int32 = (count, tokens..., then -1 where
+a draft was not emitted, -2 where the row had none), written over a donated buffer of its shape (`compiled`).
 
 Host plan layouts (few, large arrays: each jit argument leaf costs host time per call):
   decode  rows_i32 [B, 1 + pages]: slot (== num_slots for padding rows), block table (-1 = no page)
@@ -33,7 +33,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.engine import grammar, greedy_pass, processors, sampler
+from jaxspec.engine import grammar, greedy_pass, ngram, processors, sampler
 from jaxspec.models import eagle, llama
 from jaxspec.models.attention import AttnBatch, KVCache
 from jaxspec.parallel import StepShardings
@@ -61,6 +61,8 @@ class StepSpec:
     prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
     num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
     num_steps: int = 1  # multi_decode_step: decode steps one dispatch runs
+    # ngram speculation (engine/ngram.py, no draft head): (prompt_lookup_min, prompt_lookup_max)
+    ngram: tuple[int, int] | None = None
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
     # target (all the work is still done; the emitted text is meaningless). None: real rejection sampling.
     synthetic_acceptance: float | None = None
@@ -86,8 +88,8 @@ class Caches:
     draft: KVCache | None
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar"],
-         meta_fields=[])
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar", "history"], meta_fields=[])
 @dataclass
 class SlotState:
     """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
@@ -98,14 +100,17 @@ class SlotState:
     num_drafts: jax.Array
     proc: processors.ProcessorState  # what the extended step's logits processors read
     grammar: grammar.GrammarState  # structured outputs: the automata pool and each slot's state in it
+    # [S + 1, max_model_len] int32 with ngram speculation (each sequence's tokens by position), else [S + 1, 0]
+    history: jax.Array
 
     @classmethod
     def init(cls, num_slots: int, max_k: int, vocab_size: int, grammar_states: int = 0,
-             grammar_transitions: int = 0) -> "SlotState":
+             grammar_transitions: int = 0, history_len: int = 0) -> "SlotState":
         return cls(tokens=jnp.zeros((num_slots + 1, 1 + max_k), jnp.int32),
                    seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32),
                    proc=processors.ProcessorState.init(num_slots, vocab_size),
-                   grammar=grammar.GrammarState.init(num_slots, vocab_size, grammar_states, grammar_transitions))
+                   grammar=grammar.GrammarState.init(num_slots, vocab_size, grammar_states, grammar_transitions),
+                   history=jnp.zeros((num_slots + 1, history_len), jnp.int32))
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -243,10 +248,20 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
         g = gstate = grammar.commit_rows(g, slots, own, emitted, jnp.arange(k + 1) <= n_acc[:, None])
     # 3. draft: the head reads pair (feature at p, token at p+1) for p = n-1 .. n-1+k; pairs past n_acc are
     # padding whose draft KV the next step overwrites. With k = 0 the head still reads its one pair, so that its KV
-    # cache stays complete for later steps that draft.
+    # cache stays complete for later steps that draft. ngram: the emitted tokens join the history, which is
+    # looked up for up to k drafts per row.
     draft_kv = caches.draft
     new_tokens = new_last
-    if spec.draft is not None:
+    num_drafts = jnp.full((B,), k, jnp.int32)
+    history = state.history
+    if spec.ngram is not None:
+        j = jnp.arange(k + 1)[None, :]
+        history = ngram.write(history, jnp.broadcast_to(slots[:, None], emitted.shape), n[:, None] + j, emitted,
+                              valid[:, None] & (j <= n_acc[:, None]))
+        if k > 0:
+            drafts, num_drafts = ngram.propose(history, slots, n + n_acc + 1, k, *spec.ngram, spec.max_model_len)
+            new_tokens = jnp.concatenate([new_last, drafts], axis=1)
+    elif spec.draft is not None:
         features = eagle.target_features(spec.draft, hidden, aux)
         pair_tokens = jnp.maximum(emitted, 0)
         out, draft_kv = eagle.forward(dw, spec.draft, tw.embed, pair_tokens, features, positions, draft_kv, batch)
@@ -255,7 +270,10 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
             drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid, slots,
                                               proc if spec.processors else None, sampling, g)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
-    # 4. commit on device
+    # 4. commit on device. Past the emitted tokens, `out` tells the drafts verified apart (-1) from positions that
+    # had none (-2), so the host counts the drafts each row really made (ngram: any number up to k)
+    j = jnp.arange(k + 1)[None, :]
+    emitted = jnp.where((j > n_acc[:, None]) & (j > num_valid[:, None]), -2, emitted)
     out = [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
     if spec.extended:
         out.append(logprobs.reshape(B, -1))
@@ -264,7 +282,8 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     # much as a sequence at max_model_len, and a long-running engine got slower and slower)
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(valid, n + n_acc + 1, 1)),
-                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc, grammar=gstate)
+                      num_drafts=state.num_drafts.at[slots].set(num_drafts), proc=proc, grammar=gstate,
+                      history=history)
     out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
@@ -313,6 +332,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     S = state.seq_len.shape[0] - 1
     tokens, next_tokens, tok_rows, positions = (tok_i32[:, i] for i in range(4))  # [N] each
     slots, last_index, is_last, tables = rows_i32[:, 0], rows_i32[:, 1], rows_i32[:, 2] > 0, rows_i32[:, 3:]
+    slots_in = slots  # every row's slot (`slots` below: only those that end their prompt)
     R = slots.shape[0]
     tok_valid = tok_rows >= 0
     tok_rows = jnp.maximum(tok_rows, 0)
@@ -343,7 +363,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     first = emitted[:, 0]  # [R]
     draft_kv = caches.draft
     new_tokens = first[:, None]
-    if k > 0:
+    if k > 0 and spec.draft is not None:
         # the head's pairs (feature at p, token at p+1); the final prompt position pairs with the token sampled now
         is_row_end = (jnp.arange(tokens.shape[0]) == last_index[tok_rows]) & is_last[tok_rows]
         pair_tokens = jnp.where(is_row_end, first[tok_rows], jnp.maximum(next_tokens, 0))
@@ -357,7 +377,15 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         proc = processors.count_tokens(proc, slots, first[:, None], first_pos[:, None], commit[:, None])
     if g is not None:
         g = gstate = grammar.commit_rows(g, slots, params.extended, first[:, None], commit[:, None])
-    if k > 0:
+    num_drafts = jnp.full((R,), k, jnp.int32)
+    history = state.history
+    if spec.ngram is not None:  # the chunk's tokens and the first token join the history
+        history = ngram.write(history, jnp.where(tok_valid, slots_in[tok_rows], S), positions, tokens, tok_valid)
+        history = ngram.write(history, slots, first_pos, first, commit)
+        if k > 0:
+            drafts, num_drafts = ngram.propose(history, slots, first_pos + 1, k, *spec.ngram, spec.max_model_len)
+            new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
+    elif k > 0:
         h = out[0, last_index]  # [R, H]
         drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, first_pos, tables, real, slots,
                                           proc if spec.extended else None, sampling, g)
@@ -371,7 +399,8 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
         out = jnp.concatenate([out, jnp.pad(prompt, ((0, 0), (2, 0)))], axis=0)  # [R + N, 2 + W]
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(commit, first_pos + 1, 1)),  # spare: 1 (decode)
-                      num_drafts=state.num_drafts.at[slots].set(k), proc=proc, grammar=gstate)
+                      num_drafts=state.num_drafts.at[slots].set(num_drafts), proc=proc, grammar=gstate,
+                      history=history)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
@@ -383,7 +412,7 @@ def admit_step(state: SlotState, slots: jax.Array, bias: jax.Array, stop_mask: j
     before the prefill that fills in their prompts."""
     proc = processors.admit(state.proc, slots[:, 0], slots[:, 1], bias, stop_mask, bad_words)
     g = grammar.GrammarState(state.grammar.tables, state.grammar.state.at[slots[:, 0]].set(grammar_states))
-    state = SlotState(state.tokens, state.seq_len, state.num_drafts, proc, g)
+    state = dataclasses.replace(state, proc=proc, grammar=g)
     return state if spec.shardings is None else jax.lax.with_sharding_constraint(state, spec.shardings.replicated)
 
 
@@ -404,8 +433,20 @@ def place_grammar_step(state: SlotState, counts: jax.Array, allowed: jax.Array, 
                        spec: StepSpec) -> SlotState:
     """Write one chunk of a constraint's automaton into the grammar pool (grammar.place; grammar_pool.uploads)."""
     tables = grammar.place(state.grammar.tables, counts, allowed, row_start, row_len, only_end, tokens, next_states)
-    state = SlotState(state.tokens, state.seq_len, state.num_drafts, state.proc,
-                      grammar.GrammarState(tables, state.grammar.state))
+    state = dataclasses.replace(state, grammar=grammar.GrammarState(tables, state.grammar.state))
+    return state if spec.shardings is None else jax.lax.with_sharding_constraint(state, spec.shardings.replicated)
+
+
+HISTORY_WRITES = 512  # tokens one history_step call writes (a longer prefix takes several calls)
+
+
+def history_step(state: SlotState, writes: jax.Array, spec: StepSpec) -> SlotState:
+    """ngram speculation: write tokens into the history, writes [HISTORY_WRITES, 3] = (slot, position, token;
+    slot num_slots: none). For the prompt prefix a prefill does not run (cached, or copied from a parallel
+    sample's leader)."""
+    slots = writes[:, 0]
+    history = ngram.write(state.history, slots, writes[:, 1], writes[:, 2], slots < state.history.shape[0] - 1)
+    state = dataclasses.replace(state, history=history)
     return state if spec.shardings is None else jax.lax.with_sharding_constraint(state, spec.shardings.replicated)
 
 
@@ -442,8 +483,8 @@ plan_program = jax.jit(write_plan, donate_argnums=0)
 
 @functools.cache
 def slot_program(step: Callable) -> Callable:
-    """admit_step, admit_sparse_step, place_grammar_step or copy_pages_step jitted, with what it changes
-    donated."""
+    """admit_step, admit_sparse_step, place_grammar_step, history_step or copy_pages_step jitted, with what it
+    changes donated."""
     return jax.jit(step, static_argnames=("spec",),
                    donate_argnames=("caches",) if step is copy_pages_step else ("state",))
 
