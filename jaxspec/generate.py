@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from jaxspec.config import NGRAM_METHODS
 from jaxspec.json_config import read_json_arg
 
 # GSM8K-style questions of our own (the README's command must run without ../shared/data)
@@ -95,6 +94,7 @@ def run(args: argparse.Namespace) -> dict:
     if spec is None:
         print("no draft head: plain decoding (pass --speculative-config to use one)")
     else:
+        from jaxspec.config import NGRAM_METHODS  # imports jax: not at the module's import
         drafter = "ngram lookup" if spec["method"] in NGRAM_METHODS else f"{spec['method']} head"
         print(f"{drafter}, k={spec['num_speculative_tokens']}: mean acceptance length "
               f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
