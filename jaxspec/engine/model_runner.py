@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -81,6 +81,15 @@ def _timed_compile(lowered) -> float:
     t0 = time.perf_counter()
     lowered.compile()
     return time.perf_counter() - t0
+
+
+def fixed_parts(rows: list[tuple[int, ...]], width: int, size: int, fill) -> Iterator[np.ndarray]:
+    """`rows` (each `width` ints) as int32 arrays of `size` rows, the last padded with `fill`: one compiled shape
+    however many there are."""
+    for i in range(0, len(rows), size):
+        part = np.full((size, width), fill, np.int32)
+        part[:len(rows[i:i + size])] = rows[i:i + size]
+        yield part
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -381,18 +390,13 @@ class ModelRunner:
     def _write_history(self, chunks: list[PrefillChunk]) -> None:
         """ngram: the prompt prefix that these first chunks skip (cached or copied) into their history rows,
         HISTORY_WRITES tokens per dispatch, before the prefill that writes the rest."""
-        writes = np.array([(c.seq.slot, p, t) for c in chunks
-                           for p, t in enumerate(c.seq.prefill_token_ids[:c.start])], np.int32).reshape(-1, 3)
-        for i in range(0, len(writes), HISTORY_WRITES):
-            part = np.full((HISTORY_WRITES, 3), (self.num_slots, 0, 0), np.int32)
-            part[:len(writes[i:i + HISTORY_WRITES])] = writes[i:i + HISTORY_WRITES]
+        writes = [(c.seq.slot, p, t) for c in chunks for p, t in enumerate(c.seq.prefill_token_ids[:c.start])]
+        for part in fixed_parts(writes, 3, HISTORY_WRITES, (self.num_slots, 0, 0)):
             self.state = slot_program(history_step)(self.state, part, spec=self.spec)
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Copy KV pages (source, destination) in both caches, COPY_PAGES per dispatch."""
-        for i in range(0, len(pairs), COPY_PAGES):
-            pages = np.full((COPY_PAGES, 2), -1, np.int32)
-            pages[:len(pairs[i:i + COPY_PAGES])] = pairs[i:i + COPY_PAGES]
+        for pages in fixed_parts(pairs, 2, COPY_PAGES, -1):
             self.caches = slot_program(copy_pages_step)(self.caches, pages, spec=self.spec)
 
     def warmup(self, kinds: tuple[BatchKind, ...] = ALL_KINDS, k_values: list[int] | None = None, log=None) -> int:

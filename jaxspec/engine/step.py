@@ -100,8 +100,9 @@ class SlotState:
     num_drafts: jax.Array
     proc: processors.ProcessorState  # what the extended step's logits processors read
     grammar: grammar.GrammarState  # structured outputs: the automata pool and each slot's state in it
-    # [S + 1, max_model_len] int32 with ngram speculation (each sequence's tokens by position), else [S + 1, 0]
-    history: jax.Array
+    # [S + 1, max_model_len] int32 with ngram speculation (each sequence's tokens by position); None otherwise, so
+    # that no other step carries one more argument leaf
+    history: jax.Array | None
 
     @classmethod
     def init(cls, num_slots: int, max_k: int, vocab_size: int, grammar_states: int = 0,
@@ -110,7 +111,7 @@ class SlotState:
                    seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32),
                    proc=processors.ProcessorState.init(num_slots, vocab_size),
                    grammar=grammar.GrammarState.init(num_slots, vocab_size, grammar_states, grammar_transitions),
-                   history=jnp.zeros((num_slots + 1, history_len), jnp.int32))
+                   history=jnp.zeros((num_slots + 1, history_len), jnp.int32) if history_len else None)
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -254,8 +255,8 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     new_tokens = new_last
     num_drafts = jnp.full((B,), k, jnp.int32)
     history = state.history
+    j = jnp.arange(k + 1)[None, :]  # the emitted tokens' index
     if spec.ngram is not None:
-        j = jnp.arange(k + 1)[None, :]
         history = ngram.write(history, jnp.broadcast_to(slots[:, None], emitted.shape), n[:, None] + j, emitted,
                               valid[:, None] & (j <= n_acc[:, None]))
         if k > 0:
@@ -272,7 +273,6 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device. Past the emitted tokens, `out` tells the drafts verified apart (-1) from positions that
     # had none (-2), so the host counts the drafts each row really made (ngram: any number up to k)
-    j = jnp.arange(k + 1)[None, :]
     emitted = jnp.where((j > n_acc[:, None]) & (j > num_valid[:, None]), -2, emitted)
     out = [(n_acc + 1)[:, None], emitted]  # out [B, k+2]
     if spec.extended:
@@ -332,7 +332,6 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     S = state.seq_len.shape[0] - 1
     tokens, next_tokens, tok_rows, positions = (tok_i32[:, i] for i in range(4))  # [N] each
     slots, last_index, is_last, tables = rows_i32[:, 0], rows_i32[:, 1], rows_i32[:, 2] > 0, rows_i32[:, 3:]
-    slots_in = slots  # every row's slot (`slots` below: only those that end their prompt)
     R = slots.shape[0]
     tok_valid = tok_rows >= 0
     tok_rows = jnp.maximum(tok_rows, 0)
@@ -380,7 +379,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     num_drafts = jnp.full((R,), k, jnp.int32)
     history = state.history
     if spec.ngram is not None:  # the chunk's tokens and the first token join the history
-        history = ngram.write(history, jnp.where(tok_valid, slots_in[tok_rows], S), positions, tokens, tok_valid)
+        history = ngram.write(history, rows_i32[tok_rows, 0], positions, tokens, tok_valid)
         history = ngram.write(history, slots, first_pos, first, commit)
         if k > 0:
             drafts, num_drafts = ngram.propose(history, slots, first_pos + 1, k, *spec.ngram, spec.max_model_len)
