@@ -118,6 +118,9 @@ def add_train_eagle(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ttt-steps", type=int, default=None, help="unrolled head steps (default 1 eagle, 7 eagle3)")
     p.add_argument("--noise", type=float, default=None,
                    help="width of the uniform noise on the target's features (default 0.2 eagle, 0 eagle3)")
+    p.add_argument("--soft-labels", action="store_true",
+                   help="EAGLE-3: cross-entropy against the target's distribution over the draft vocabulary (the "
+                   "EAGLE-3 reference trainer's and SpecForge's loss), not its greedy token; EAGLE-1's always is")
     p.add_argument("--draft-vocab-size", type=int, default=32000, help="EAGLE-3 draft vocabulary")
     p.add_argument("--aux-layers", help="EAGLE-3 feature layers (inputs of), e.g. 2,15,27 (default 2,L//2,L-3)")
     p.add_argument("--target-dtype", default="bfloat16", choices=["float32", "bfloat16"])

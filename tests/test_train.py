@@ -6,6 +6,7 @@ Everything runs on a tiny random target (4 layers, vocab 128) and its own greedy
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -114,6 +115,40 @@ def test_training_lowers_loss(trained, method):
         # w_cls = 0.1) is a floor of the loss; the regression part and the top-1 agreement must move a lot.
         assert loss[last].mean() < 0.85 * loss[first].mean()
     assert acc[last, 0].mean() > 2.5 * acc[first, 0].mean() and acc[last, 0].mean() > 0.25
+
+
+def test_eagle3_soft_labels_are_the_targets_draft_vocabulary_distribution(target, dataset):
+    """`soft_labels`: TTT step j's loss is the cross-entropy of the head's draft distribution against the target's
+    softmax over the draft vocabulary's tokens, averaged over the response positions whose greedy token that
+    vocabulary holds (the EAGLE-3 reference trainer's and SpecForge's target_p and position mask), restated here
+    position by position in float64; and training on it raises top-1 agreement as training on greedy tokens does."""
+    cfg = head_config("eagle3").replace(dtype="float32", attn_impl="xla")
+    d2t, t2d = data.draft_vocab(dataset, TINY.vocab_size, cfg.draft_vocab_size)
+    w = trainer.init_head(cfg, target, 3, d2t)
+    frozen = losses.Frozen(target=target, d2t=jnp.asarray(d2t), t2d=jnp.asarray(t2d))
+    tokens, mask, steps = dataset.tokens[:4], dataset.loss_mask[:4], 3
+    loss = jax.jit(losses.eagle_loss, static_argnames=("tcfg", "hcfg", "lc"))
+    _, metrics = loss(dataclasses.replace(w, d2t=None), frozen, tokens, mask, jax.random.key(0), tcfg=TINY,
+                      hcfg=cfg, lc=losses.LossConfig(ttt_steps=steps, soft_labels=True))
+    features, _, tlogits = losses.target_pass(target, TINY, cfg, jnp.asarray(tokens))
+    outs = losses.unroll(w, cfg, target.embed, jnp.asarray(tokens), features.astype(jnp.float32), steps)
+    tl = np.asarray(tlogits, np.float64)
+    ids = np.arange(cfg.draft_vocab_size) + d2t
+    for j, out in enumerate(outs):
+        logits = np.asarray(eagle.draft_logits(w, cfg, target, out), np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        ces = []
+        for b in range(tokens.shape[0]):
+            for i in range(SEQ_LEN - j - 2):  # anchor i, step j drafts x_{i+j+2}; the target's guess comes at i+j+1
+                if mask[b, i + j + 2] and t2d[tl[b, i + j + 1].argmax()] >= 0:
+                    p = np.exp(tl[b, i + j + 1, ids] - tl[b, i + j + 1, ids].max())
+                    ces.append(-(p / p.sum() * logp[b, i]).sum())
+        assert len(ces) > 100
+        np.testing.assert_allclose(metrics["loss"][j], np.mean(ces), rtol=1e-5, err_msg=f"step {j}")
+    _, history = train(target, dataset, "eagle3", soft_labels=True)
+    acc = np.array([h["acc"] for h in history])
+    assert acc[-10:, 0].mean() > 2.5 * acc[:10, 0].mean() and acc[-10:, 0].mean() > 0.25
 
 
 def test_resume_continues_the_same_run(target, dataset, trained, tmp_path):
@@ -260,6 +295,10 @@ def test_cli_trains_and_exports(target, dataset, tmp_path, capsys):
         main(["train-eagle", "--model", str(model), "--data", "unused.jsonl", "--init-from", str(tmp_path / "nowhere"),
               "--out", str(again)])
     assert "--init-from " + str(tmp_path / "nowhere") + ": not an EAGLE head" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train-eagle", "--model", str(model), "--method", "eagle", "--soft-labels", "--data", "unused.jsonl",
+              "--out", str(again)])
+    assert "--soft-labels is EAGLE-3's" in capsys.readouterr().err
 
 
 def test_time_budget_shortens_the_schedule(target, dataset):

@@ -127,6 +127,8 @@ def train_from_args(args: argparse.Namespace) -> Path:
         raise ValueError("--data-only needs --dataset-cache (where to write the data)")
     if not args.data_only and not args.out:
         raise ValueError("--out is required (the directory for the exported head)")
+    if args.soft_labels and args.method != "eagle3":
+        raise ValueError("--soft-labels is EAGLE-3's: EAGLE-1's cross-entropy is always against the distribution")
     model_path = resolve_model(args.model).weights
     if args.init_from:  # checked before the data is made; its tensors against the target after (data is cached)
         check_head_dir(args.init_from)
@@ -146,10 +148,10 @@ def train_from_args(args: argparse.Namespace) -> Path:
         warm_from = (init_cfg, init, str(args.init_from))
     start = time.perf_counter()
     weights, history = train_eagle(
-        tcfg, tw, hcfg, data, args.steps, args.batch_size, args.lr, ttt_steps=args.ttt_steps,
-        noise=args.noise, compute_dtype=args.compute_dtype, warmup_steps=args.warmup_steps, ckpt_dir=args.ckpt_dir,
-        ckpt_every=args.ckpt_every, resume=args.resume, time_budget_s=args.time_budget_s, seed=args.seed,
-        warm_from=warm_from)
+        tcfg, tw, hcfg, data, args.steps, args.batch_size, args.lr, ttt_steps=args.ttt_steps, noise=args.noise,
+        soft_labels=args.soft_labels, compute_dtype=args.compute_dtype, warmup_steps=args.warmup_steps,
+        ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=args.resume, time_budget_s=args.time_budget_s,
+        seed=args.seed, warm_from=warm_from)
     wall = time.perf_counter() - start
     every = max(1, len(history) // 200)
     info = training_info(
@@ -157,7 +159,7 @@ def train_from_args(args: argparse.Namespace) -> Path:
         data=data.meta | {"num_sequences": len(data), "seq_len": data.seq_len,
                           "response_tokens": int(data.loss_mask.sum())},
         init_from=args.init_from, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        target_dtype=args.target_dtype,
+        soft_labels=args.soft_labels, target_dtype=args.target_dtype,
         compute_dtype=args.compute_dtype, export_dtype=args.dtype, aux_layers=list(hcfg.aux_layers),
         draft_vocab_size=hcfg.draft_vocab_size, draft_vocab_coverage=draft_vocab_coverage(data, weights),
         curve=[{"step": h["step"], "loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}

@@ -35,6 +35,9 @@ class LossConfig:
     w_reg: float = 1.0  # EAGLE-1: smooth-L1 feature regression
     w_cls: float = 0.1  # EAGLE-1: cross-entropy against the target's next-token distribution
     noise: float = 0.0  # width of the uniform noise on the target's features: U(-noise/2, noise/2)
+    # EAGLE-3: cross-entropy against the target's next-token distribution over the draft vocabulary (the EAGLE-3
+    # reference trainer's and SpecForge's target_p) instead of its greedy token alone
+    soft_labels: bool = False
     # the head's matmuls; parameters, optimizer state and the losses' reductions stay fp32 (mixed precision)
     compute_dtype: str = "float32"
 
@@ -145,8 +148,12 @@ def eagle_loss(params: eagle.EagleWeights, frozen: Frozen, tokens: jax.Array, lo
     if lc.noise > 0:  # EAGLE-1's robustness trick: the head never sees exact features when drafting
         features = features + (jax.random.uniform(key, features.shape) - 0.5) * lc.noise
     outs = unroll(w, hcfg, tw.embed, tokens, features, lc.ttt_steps)
-    # EAGLE-1's soft labels, once: step j's are these shifted (a softmax per step was a pass over [B, T, V] each)
+    # the soft labels, once (EAGLE-1's always, EAGLE-3's when asked): step j's are these shifted (a softmax per
+    # step was a pass over [B, T, V] each)
     tprobs = jax.nn.softmax(tlogits, axis=-1) if hcfg.method == "eagle" else None
+    if hcfg.method == "eagle3" and lc.soft_labels:  # the target's logits at the draft vocabulary's tokens
+        draft_ids = jnp.arange(frozen.d2t.shape[0], dtype=jnp.int32) + frozen.d2t
+        tprobs = jax.nn.softmax(jnp.take(tlogits, draft_ids, axis=-1), axis=-1)  # [B, T, draft_V]
     mask = loss_mask.astype(jnp.float32)
     total, step_loss, step_acc = 0.0, [], []
     for j, out in enumerate(outs):
@@ -160,7 +167,10 @@ def eagle_loss(params: eagle.EagleWeights, frozen: Frozen, tokens: jax.Array, lo
             loss_j = _masked_mean(lc.w_reg * reg + lc.w_cls * cls, m)
         else:
             dlabel = frozen.t2d[label]  # -1 outside the draft vocabulary: no gradient there
-            ce = -jnp.take_along_axis(logp, jnp.maximum(dlabel, 0)[..., None], axis=-1)[..., 0]
+            if tprobs is None:
+                ce = -jnp.take_along_axis(logp, jnp.maximum(dlabel, 0)[..., None], axis=-1)[..., 0]
+            else:
+                ce = -jnp.sum(shift_left(tprobs, j + 1) * logp, axis=-1)
             loss_j = _masked_mean(ce, m * (dlabel >= 0))
         pred = eagle.to_target_ids(w, hcfg, jnp.argmax(logits, axis=-1))
         step_acc.append(_masked_mean((pred == label).astype(jnp.float32), m))

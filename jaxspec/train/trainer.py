@@ -198,7 +198,7 @@ def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[d
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                      history=ocp.args.JsonRestore()))
-    saved = got["history"]["run"]
+    saved = {"soft_labels": False} | got["history"]["run"]  # checkpoints from before the option trained hard labels
     diff = {k: (saved.get(k), v) for k, v in run.items() if saved.get(k) != v}
     if diff:
         raise ValueError(f"{mngr.directory}: checkpoint {step} comes from a different run (saved, now): {diff}")
@@ -211,8 +211,8 @@ def restore_state(mngr, like: TrainState, run: dict) -> tuple[TrainState, list[d
 def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cfg: eagle.EagleConfig,
                 dataset: TokenDataset, steps: int, batch_size: int, lr: float = 1e-4, *,
                 ttt_steps: int | None = None, ttt_decay: float = 0.8, w_reg: float = 1.0, w_cls: float = 0.1,
-                noise: float | None = None, compute_dtype: str = "float32", warmup_steps: int | None = None,
-                min_lr_ratio: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.5,
+                noise: float | None = None, soft_labels: bool = False, compute_dtype: str = "float32",
+                warmup_steps: int | None = None, min_lr_ratio: float = 0.0, weight_decay: float = 0.0, clip_norm: float = 0.5,
                 keep_tokens: tuple[int, ...] | None = None,
                 init_weights: eagle.EagleWeights | None = None, lm_head_from_target: bool = False,
                 warm_from: tuple[eagle.EagleConfig, eagle.EagleWeights, str] | None = None,
@@ -222,7 +222,9 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     """Train `head_cfg`'s head on `dataset` against the frozen target. Returns (fp32 weights with d2t, history).
 
     Defaults follow the papers: EAGLE-1 one step, uniform feature noise of width 0.2 (EAGLE's U(-0.1, 0.1)),
-    loss = w_reg * smooth-L1 + w_cls * CE; EAGLE-3 seven TTT steps weighted ttt_decay**j, no noise.
+    loss = w_reg * smooth-L1 + w_cls * CE; EAGLE-3 seven TTT steps weighted ttt_decay**j, no noise, each step's
+    cross-entropy against the target's greedy token or, with `soft_labels`, its distribution over the draft
+    vocabulary (as the EAGLE-3 reference trainer and SpecForge).
     `keep_tokens` (default: the dataset's EOS ids) always enter EAGLE-3's draft vocabulary. `stop_at` ends the
     run early at that step (the schedule still spans `steps`), e.g. to resume later with `resume=True`, which
     continues from the latest checkpoint in `ckpt_dir` with the same data order, noise and metric history.
@@ -235,7 +237,8 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     """
     e3 = head_cfg.method == "eagle3"
     lc = LossConfig(ttt_steps=ttt_steps or (7 if e3 else 1), ttt_decay=ttt_decay, w_reg=w_reg, w_cls=w_cls,
-                    noise=(0.0 if e3 else 0.2) if noise is None else noise, compute_dtype=compute_dtype)
+                    noise=(0.0 if e3 else 0.2) if noise is None else noise, soft_labels=soft_labels,
+                    compute_dtype=compute_dtype)
     oc = OptConfig(lr=lr, warmup_steps=warmup_steps,
                    min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, clip_norm=clip_norm)
     hcfg = head_cfg.replace(dtype="float32", attn_impl="xla")
@@ -254,7 +257,7 @@ def train_eagle(target_cfg: llama.Config, target_weights: llama.Weights, head_cf
     state = initial_state(w, oc, seed)
     history: list[dict] = []
     run = {"method": hcfg.method, "steps": steps, "batch_size": batch_size, "seq_len": dataset.seq_len,
-           "num_rows": len(dataset), "seed": seed, "lr": lr, "ttt_steps": lc.ttt_steps,
+           "num_rows": len(dataset), "seed": seed, "lr": lr, "ttt_steps": lc.ttt_steps, "soft_labels": soft_labels,
            "compute_dtype": compute_dtype, "init_from": None if warm_from is None else warm_from[2]}
     mngr = _manager(ckpt_dir, keep_checkpoints) if ckpt_dir is not None else None
     schedule_steps = steps
