@@ -10,7 +10,7 @@ Stages (SmolLM2-135M-Instruct on one H200; default --deadline-s 540):
    the data share. Should it fail, it is retried once on GSM8K train alone.
 2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1 (unrolled for
    --eagle-ttt-steps steps), and EAGLE-3 with --ttt-steps training-time-test steps and a --draft-vocab-token
-   vocabulary; --time-budget-s is set so that the evaluation still fits (--train-startup-s before the loop,
+   vocabulary (against the target's distribution with --eagle3-soft-labels); --time-budget-s is set so that the evaluation still fits (--train-startup-s before the loop,
    --eval-reserve-s after it). With --warm-start DIR each head fine-tunes the one of its name in DIR
    (train-eagle --init-from).
 3. evaluate, each head right after its training: bench/acceptance.py at k = --eval-k (the ones that matter first)
@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="EAGLE-1 unrolled steps: 1 is the paper's recipe; more trains drafts 2.. on the head's own "
                     "features, as they are made when drafting (HASS, EAGLE-3's training-time test)")
     ap.add_argument("--draft-vocab", type=int, default=8192, help="EAGLE-3 draft vocabulary")
+    ap.add_argument("--eagle3-soft-labels", action="store_true",
+                    help="EAGLE-3's cross-entropy against the target's distribution (train-eagle --soft-labels)")
     ap.add_argument("--warm-start", default="",
                     help="directory holding earlier heads (<dir>/<head name>/, e.g. weights): each head fine-tunes "
                     "its predecessor there instead of starting fresh")
@@ -175,7 +177,7 @@ def lane(p: Pipeline, method: str) -> None:
     env = dict(p.env, XLA_PYTHON_CLIENT_MEM_FRACTION=a.mem_fraction) if a.mem_fraction else p.env
     extra = ["--ttt-steps", str(a.ttt_steps if method == "eagle3" else a.eagle_ttt_steps)]
     if method == "eagle3":
-        extra += ["--draft-vocab-size", str(a.draft_vocab)]
+        extra += ["--draft-vocab-size", str(a.draft_vocab)] + (["--soft-labels"] if a.eagle3_soft_labels else [])
     init = Path(a.warm_start) / HEADS[method] if a.warm_start else None
     if init is not None and (init / "config.json").exists():
         extra += ["--init-from", str(init)]

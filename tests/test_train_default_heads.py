@@ -75,7 +75,7 @@ def test_pipeline_stages_budgets_and_summary(tmp_path, monkeypatch, capsys, fail
     monkeypatch.setattr(tdh.subprocess, "run", fake)
     rc = tdh.main([str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--work-dir", str(tmp_path / "w"),
                    "--self-prompts", "5", "--deadline-s", "540", "--data-args", "--prompt-max-tokens 96",
-                   "--warm-start", str(tmp_path / "old")])
+                   "--warm-start", str(tmp_path / "old"), "--eagle3-soft-labels"])
     names = [c[0] for c in fake.calls]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     out = capsys.readouterr().out
@@ -91,6 +91,7 @@ def test_pipeline_stages_budgets_and_summary(tmp_path, monkeypatch, capsys, fail
             assert budget <= 540 - 120 - 35 and timeout == pytest.approx(budget + 35 + 30, abs=1)
             assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.45" and "JAX_COMPILATION_CACHE_DIR" in env
             assert cmd[cmd.index("--ttt-steps") + 1] == ("5" if name == "train-eagle3" else "1")
+            assert ("--soft-labels" in cmd) == (name == "train-eagle3")
             init = cmd[cmd.index("--init-from") + 1] if "--init-from" in cmd else None
             assert init == (str(tmp_path / "old" / tdh.HEADS["eagle"]) if name == "train-eagle" else None)
         if name.startswith("eval"):
