@@ -10,9 +10,9 @@ Stages (SmolLM2-135M-Instruct on one H200; default --deadline-s 540):
    the data share. Should it fail, it is retried once on GSM8K train alone.
 2. train, two processes at once on the one GPU (each gets --mem-fraction of its memory): EAGLE-1 (unrolled for
    --eagle-ttt-steps steps), and EAGLE-3 with --ttt-steps training-time-test steps and a --draft-vocab-token
-   vocabulary (against the target's distribution with --eagle3-soft-labels); --time-budget-s is set so that the evaluation still fits (--train-startup-s before the loop,
-   --eval-reserve-s after it). With --warm-start DIR each head fine-tunes the one of its name in DIR
-   (train-eagle --init-from).
+   vocabulary (against the target's distribution with --eagle3-soft-labels); --time-budget-s is set so that the
+   evaluation still fits (--train-startup-s before the loop, --eval-reserve-s after it). With --warm-start DIR
+   each head fine-tunes the one of its name in DIR (train-eagle --init-from).
 3. evaluate, each head right after its training: bench/acceptance.py at k = --eval-k (the ones that matter first)
    on --eval-prompts prompts of the held-out split, of the human-written general_chat set and of GSM8K test,
    greedy, --eval-tokens tokens, scanned layers.

@@ -152,7 +152,7 @@ def eagle_loss(params: eagle.EagleWeights, frozen: Frozen, tokens: jax.Array, lo
     # step was a pass over [B, T, V] each)
     tprobs = jax.nn.softmax(tlogits, axis=-1) if hcfg.method == "eagle" else None
     if hcfg.method == "eagle3" and lc.soft_labels:  # the target's logits at the draft vocabulary's tokens
-        draft_ids = jnp.arange(frozen.d2t.shape[0], dtype=jnp.int32) + frozen.d2t
+        draft_ids = eagle.to_target_ids(w, hcfg, jnp.arange(hcfg.draft_vocab_size))
         tprobs = jax.nn.softmax(jnp.take(tlogits, draft_ids, axis=-1), axis=-1)  # [B, T, draft_V]
     mask = loss_mask.astype(jnp.float32)
     total, step_loss, step_acc = 0.0, [], []
