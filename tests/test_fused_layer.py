@@ -52,17 +52,22 @@ def _rows(rng, shape, dtype=jnp.float32) -> jax.Array:
 
 @pytest.mark.parametrize("norm, swiglu, residual", [(True, False, False), (False, False, True), (True, True, False),
                                                     (False, True, True)])
-def test_linear_kernel_equals_the_xla_ops(norm, swiglu, residual):
-    """RMSNorm, projection, SwiGLU and residual as llama.rms_norm / llama.mlp / `+` compute them (fp32; 5 real
-    rows, the rest zero and staying zero)."""
+@pytest.mark.parametrize("tokens", [5, 4, 1])
+def test_linear_kernel_equals_the_xla_ops(norm, swiglu, residual, tokens, monkeypatch):
+    """RMSNorm, projection, SwiGLU and residual as llama.rms_norm / llama.mlp / `+` compute them (fp32; `tokens`
+    real rows, the rest zero and staying zero): with tensor-core dots (5 tokens) and row by row (4 and 1; at 4 its
+    steps over K run as a loop, not unrolled)."""
+    if tokens == 4:
+        monkeypatch.setattr(fused_layer, "GEMV_UNROLL", 0)
     rng = np.random.default_rng(0)
     K, N = 96, 48
-    x = fused_layer.rows(_rows(rng, (1, 5, K)))
+    x = fused_layer.rows(_rows(rng, (1, tokens, K)))
     g, w, r = _rows(rng, (K,)), _rows(rng, (K, 2 * N if swiglu else N)) / np.sqrt(K), fused_layer.rows(
-        _rows(rng, (1, 5, N)))
+        _rows(rng, (1, tokens, N)))
     stack = jnp.stack([w * 2, w])  # layer 1 of two
     out = fused_layer.linear(x, stack, jnp.ones((1,), jnp.int32), norm=jnp.stack([g * 3, g]) if norm else None,
-                             eps=1e-5, residual=r if residual else None, swiglu=swiglu, interpret=True)
+                             eps=1e-5, residual=r if residual else None, swiglu=swiglu,
+                             tokens=tokens if tokens <= fused_layer.GEMV_ROWS else fused_layer.ROWS, interpret=True)
     h = llama.rms_norm(x, g, 1e-5) if norm else x
     h = h @ w
     if swiglu:
@@ -70,7 +75,7 @@ def test_linear_kernel_equals_the_xla_ops(norm, swiglu, residual):
     want = r + h if residual else h
     # sums of K products of unit-scale terms, in other orders
     assert_close_scaled(out, want, 4 * K * FP32_EPS)
-    assert not np.asarray(out[5:]).any()  # padding rows stay zero (the residual's are zero too)
+    assert not np.asarray(out[tokens:]).any()  # padding rows stay zero (the residual's are zero too)
 
 
 @pytest.mark.parametrize("B, T, dtype, loop", [(1, 1, "float32", "unroll"), (2, 3, "float32", "unroll"),
@@ -177,9 +182,11 @@ def test_kernels_lower_to_triton_for_a_gpu():
         assert len(calls) == 5, calls
 
 
-def test_kernels_compile_to_gpu_machine_code(tmp_path, monkeypatch):
+@pytest.mark.parametrize("B, T", [(4, 4), (1, 4), (1, 1)])
+def test_kernels_compile_to_gpu_machine_code(B, T, tmp_path, monkeypatch):
     """Past lowering: the Triton IR Pallas makes of each kernel compiles to H200 (sm_90) machine code without
-    register spills, at SmolLM2's and Llama-3-8B's shapes, 16 tokens (tests/triton_ir.py)."""
+    register spills, at SmolLM2's and Llama-3-8B's shapes, with tensor-core dots (16 tokens) and row by row (4 and
+    1: fused_layer.GEMV_ROWS) (tests/triton_ir.py)."""
     pytest.importorskip("triton")
     modules = triton_ir.capture_modules(monkeypatch)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
@@ -190,9 +197,10 @@ def test_kernels_compile_to_gpu_machine_code(tmp_path, monkeypatch):
         w = jax.eval_shape(lambda: llama.init(cfg, jax.random.key(0)))  # noqa: B023
         kv = attn.KVCache(*(jax.ShapeDtypeStruct((kv_heads, 1, 64, 16, head_dim), jnp.bfloat16) for _ in range(2)))
         jax.jit(lambda w, t, p, kv, b: llama.forward(w, cfg, t, p, kv, b)).trace(  # noqa: B023
-            w, i32(4, 4), i32(4, 4), kv, attn.AttnBatch(i32(4, 8), i32(4, 4))).lower(lowering_platforms=("cuda",))
+            w, i32(B, T), i32(B, T), kv, attn.AttnBatch(i32(B, 8), i32(B, T))).lower(lowering_platforms=("cuda",))
     assert len(modules) == 10
-    triton_ir.assert_compiles_without_spills(modules, tmp_path, monkeypatch, num_warps=4, num_stages=3)
+    num_warps = fused_layer._params(B * T).num_warps
+    triton_ir.assert_compiles_without_spills(modules, tmp_path, monkeypatch, num_warps=num_warps, num_stages=3)
 
 
 def test_engine_greedy_output_equals_the_xla_layers(monkeypatch):

@@ -81,7 +81,7 @@ def test_tensor_parallel_pallas_equals_one_gpu():
     assert outs[2] == outs[1]
 
 
-@pytest.mark.parametrize("B, T", [(1, 1), (4, 4)])
+@pytest.mark.parametrize("B, T", [(1, 1), (1, 4), (4, 4)])
 @pytest.mark.parametrize("hidden, heads, kv_heads, head_dim, inter", [(576, 9, 3, 64, 1536), (1024, 8, 2, 128, 2816)])
 def test_fused_layers_match_xla_on_gpu(B, T, hidden, heads, kv_heads, head_dim, inter):
     """models/fused_layer.py's kernels compiled by Triton (the CPU suite runs them in the interpreter): a decode
