@@ -185,12 +185,13 @@ def test_kernels_lower_to_triton_for_a_gpu():
 @pytest.mark.parametrize("B, T", [(4, 4), (1, 4), (1, 1)])
 def test_kernels_compile_to_gpu_machine_code(B, T, tmp_path, monkeypatch):
     """Past lowering: the Triton IR Pallas makes of each kernel compiles to H200 (sm_90) machine code without
-    register spills, at SmolLM2's and Llama-3-8B's shapes, with tensor-core dots (16 tokens) and row by row (4 and
+    register spills, at SmolLM2's, Llama-3-8B's and tests/test_gpu.py's shapes, with tensor-core dots (16 tokens) and row by row (4 and
     1: fused_layer.GEMV_ROWS) (tests/triton_ir.py)."""
     pytest.importorskip("triton")
     modules = triton_ir.capture_modules(monkeypatch)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
-    for hidden, heads, kv_heads, head_dim, inter in ((576, 9, 3, 64, 1536), (4096, 32, 8, 128, 14336)):
+    for hidden, heads, kv_heads, head_dim, inter in ((576, 9, 3, 64, 1536), (1024, 8, 2, 128, 2816),
+                                                     (4096, 32, 8, 128, 14336)):
         cfg = llama.Config(vocab_size=1024, hidden_size=hidden, intermediate_size=inter, num_layers=1,
                            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype="bfloat16",
                            attn_impl="pallas", kernel=FUSED)
@@ -198,7 +199,7 @@ def test_kernels_compile_to_gpu_machine_code(B, T, tmp_path, monkeypatch):
         kv = attn.KVCache(*(jax.ShapeDtypeStruct((kv_heads, 1, 64, 16, head_dim), jnp.bfloat16) for _ in range(2)))
         jax.jit(lambda w, t, p, kv, b: llama.forward(w, cfg, t, p, kv, b)).trace(  # noqa: B023
             w, i32(B, T), i32(B, T), kv, attn.AttnBatch(i32(B, 8), i32(B, T))).lower(lowering_platforms=("cuda",))
-    assert len(modules) == 10
+    assert len(modules) == 15
     num_warps = fused_layer._params(B * T).num_warps
     triton_ir.assert_compiles_without_spills(modules, tmp_path, monkeypatch, num_warps=num_warps, num_stages=3)
 

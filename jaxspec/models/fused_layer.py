@@ -38,7 +38,7 @@ GEMV_ROWS = 4  # a forward of at most this many tokens multiplies row by row on 
 GEMV_MIN_PROGRAMS = 64  # ... its column blocks narrow enough for about this many programs, down to GEMV_MIN_BLOCK
 GEMV_MIN_BLOCK = 8  # columns: 16 bytes of a bf16 row, half a 32-byte memory sector
 GEMV_ACC_ELEMS = 8192  # ... and its fp32 products of one step over K (rows x K block x columns) at most this many
-GEMV_UNROLL = 16  # ... its steps over K unrolled up to this many (a loop beyond)
+GEMV_UNROLL = 8  # ... its steps over K unrolled up to this many (a loop beyond)
 GEMV_WARPS = 4
 
 
@@ -76,7 +76,7 @@ def plan(cfg, positions: jax.Array, batch: AttnBatch, kv: KVCache) -> Plan:
     B, T = positions.shape
     M = B * T
     tables, per_block, splits = kernel_tables(batch.block_tables, B, cfg.num_kv_heads, kv.page_size, cfg.kernel)
-    splits = min(splits, 1 << ((ROWS // M).bit_length() - 1))
+    splits = min(splits, _floor2(ROWS // M))
     pad = lambda a, value: jnp.pad(a.reshape(M).astype(jnp.int32), (0, ROWS - M), constant_values=value)  # noqa
     return Plan(B, T, pad(positions, 0), pad(batch.slot_mapping, -1), tables.reshape(B, splits, -1),
                 paged_kernel.row_lengths(positions, cfg.num_heads // cfg.num_kv_heads), per_block,
@@ -131,6 +131,11 @@ def _block_n(n: int, tokens: int = ROWS) -> int:
         return next((b for b in (64, 32, 16) if b > GEMV_MIN_BLOCK and n % b == 0 and n // b >= GEMV_MIN_PROGRAMS
                      and tokens * 2 * 16 * b <= GEMV_ACC_ELEMS), GEMV_MIN_BLOCK)
     return next((b for b in (128, 64, 32) if n % b == 0 and n // b >= MIN_PROGRAMS), 16)
+
+
+def _floor2(n: int) -> int:
+    """The largest power of two <= n (Triton's blocks are powers of two)."""
+    return 1 << (n.bit_length() - 1)
 
 
 def _div(a: jax.Array, n: int) -> jax.Array:
@@ -190,7 +195,7 @@ def _projected_gemv(x_ref, g_ref, w_ref, layer: jax.Array, eps: float, columns: 
     remainder is taken in smaller power-of-two steps (no masks: a block's size is static), each summed alone."""
     K = x_ref.shape[1]
     width = sum(w for _, w in columns)
-    bk = min(1 << (K.bit_length() - 1), max(16, GEMV_ACC_ELEMS // (tokens * width)))
+    bk = _floor2(min(K, max(16, GEMV_ACC_ELEMS // (tokens * width))))
     f32 = jnp.float32
 
     def step(k0, size: int, ssq: list, accs: list) -> tuple[list, list]:
@@ -221,7 +226,7 @@ def _projected_gemv(x_ref, g_ref, w_ref, layer: jax.Array, eps: float, columns: 
     sums = [[jnp.sum(a, axis=0) for a in row] for row in accs]
     rest = K % bk
     while rest:  # the remainder's binary digits, largest first
-        size = 1 << (rest.bit_length() - 1)
+        size = _floor2(rest)
         ssq, sums = step(K - rest, size, ssq, sums)
         rest -= size
     row = jnp.arange(ROWS)[:, None]
@@ -244,7 +249,7 @@ def _block_k(K: int, row_bytes: int) -> int:
     and small, and their latency, not their bytes, is what it waits for (a short loop's steps can all be in flight
     at once, Triton pipelining them); at most 256, at most K, and w's block at most 32 KB (in shared memory, once
     per pipeline stage)."""
-    return min(256, 1 << (K.bit_length() - 1), max(16, 32768 // row_bytes))
+    return min(256, _floor2(K), max(16, 32768 // row_bytes))
 
 
 def _linear_kernel(*refs, bn: int, eps: float, norm: bool, swiglu: bool, residual: bool, tokens: int):
@@ -338,7 +343,8 @@ def qkv(x: jax.Array, norm: jax.Array | None, wqkv: jax.Array, eps: float, p: Pl
                 + [wqkv, p.positions, jnp.asarray(inv_freq, jnp.float32), p.slots, k_flat, v_flat])
     M = p.B * p.T
     # columns of each half-head per program: the whole half for dots; row-by-row products split it further
-    width = D // 2 if M > GEMV_ROWS else max(GEMV_MIN_BLOCK, D // 2 // max(1, GEMV_MIN_PROGRAMS // (heads + 2 * kvh)))
+    pieces = _floor2(max(1, GEMV_MIN_PROGRAMS // (heads + 2 * kvh)))
+    width = D // 2 if M > GEMV_ROWS else max(GEMV_MIN_BLOCK, D // 2 // pieces)
     kernel = partial(_qkv_kernel, eps=eps, norm=norm is not None, heads=heads, kv_heads=kvh, T=p.T, M=M,
                      R=R, layer_slots=P * S, width=width)
     q, k_flat, v_flat = pl.pallas_call(
@@ -442,7 +448,7 @@ def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, layer: jax
     M = B * p.T
     bn = _block_n(H, M)
     if M <= GEMV_ROWS:  # its accumulators, [D, bn] a token, within GEMV_ACC_ELEMS
-        bn = max(GEMV_MIN_BLOCK, min(bn, 1 << (GEMV_ACC_ELEMS // (M * D)).bit_length() - 1))
+        bn = max(GEMV_MIN_BLOCK, min(bn, _floor2(GEMV_ACC_ELEMS // (M * D))))
     kernel = partial(_attn_out_gemv_kernel if M <= GEMV_ROWS else _attn_out_kernel, bn=bn, B=B, T=p.T,
                      kv_heads=kvh, R=R, splits=splits)
     return pl.pallas_call(kernel, grid=(H // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, H), residual.dtype),
