@@ -23,7 +23,7 @@ from tests.tiny import random_prompts
 # two (SmolLM2's are 576 and 1536); 3 query heads share one KV head
 CFG = llama.Config(vocab_size=256, hidden_size=96, intermediate_size=160, num_layers=2, num_heads=3, num_kv_heads=1,
                    head_dim=32)
-FUSED = KernelConfig(fused_decode=True)
+FUSED = KernelConfig(fused_decode=True, fused_decode_tokens=16)
 PAGE, PAGES_PER_SEQ, NUM_PAGES = 4, 16, 320
 
 
@@ -112,7 +112,10 @@ def test_the_fused_path_is_taken_only_where_it_fits():
     fused = CFG.replace(attn_impl="pallas", kernel=FUSED)
     assert fused_layer.applies(fused, 16, batch, kv)
     assert not fused_layer.applies(fused, 17, batch, kv)  # more rows than one block
-    assert not fused_layer.applies(CFG.replace(attn_impl="pallas"), 1, batch, kv)  # switched off (the default)
+    default = CFG.replace(attn_impl="pallas")  # on, for one-token forwards
+    assert fused_layer.applies(default, 1, batch, kv) and not fused_layer.applies(default, 2, batch, kv)
+    off = KernelConfig(fused_decode=False)
+    assert not fused_layer.applies(CFG.replace(attn_impl="pallas", kernel=off), 1, batch, kv)  # switched off
     assert not fused_layer.applies(fused.replace(attn_impl="xla"), 1, batch, kv)
     assert not fused_layer.applies(fused, 1, attn.AttnBatch(batch.block_tables, batch.slot_mapping,
                                                             jnp.zeros((1, 1), jnp.int32)), kv)  # ragged prefill
@@ -124,7 +127,8 @@ def test_the_fused_path_is_taken_only_where_it_fits():
 def test_table_partitions_are_capped_for_the_merge():
     """attn_out merges a head's partitions of every token as one block of ROWS rows: partitions x tokens <= ROWS."""
     kv = _cache(CFG, CFG.num_layers)
-    cfg = CFG.replace(attn_impl="pallas", kernel=KernelConfig(fused_decode=True, attn_block_tokens=4))
+    cfg = CFG.replace(attn_impl="pallas", kernel=KernelConfig(fused_decode=True, fused_decode_tokens=16,
+                                                              attn_block_tokens=4))
     for B, T, most in ((1, 1, 16), (1, 4, 4), (2, 3, 2), (4, 4, 1)):
         _, positions, batch = _decode_batch(B, T)
         p = fused_layer.plan(cfg, positions, batch, kv)
@@ -185,8 +189,8 @@ def test_kernels_lower_to_triton_for_a_gpu():
 @pytest.mark.parametrize("B, T", [(4, 4), (1, 4), (1, 1)])
 def test_kernels_compile_to_gpu_machine_code(B, T, tmp_path, monkeypatch):
     """Past lowering: the Triton IR Pallas makes of each kernel compiles to H200 (sm_90) machine code without
-    register spills, at SmolLM2's, Llama-3-8B's and tests/test_gpu.py's shapes, with tensor-core dots (16 tokens) and row by row (4 and
-    1: fused_layer.GEMV_ROWS) (tests/triton_ir.py)."""
+    register spills, at SmolLM2's, Llama-3-8B's and tests/test_gpu.py's shapes, with tensor-core dots (16 tokens)
+    and row by row (4 and 1: fused_layer.GEMV_ROWS) (tests/triton_ir.py)."""
     pytest.importorskip("triton")
     modules = triton_ir.capture_modules(monkeypatch)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731

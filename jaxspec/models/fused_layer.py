@@ -1,20 +1,23 @@
-"""A Llama decoder layer in five Pallas GPU (Triton) kernels, for steps that run at most ROWS tokens.
+"""A Llama decoder layer in five Pallas GPU (Triton) kernels, for decode forwards of at most ROWS tokens.
 
 At batch 1 XLA runs a SmolLM2 layer as ~17 kernels of 1-3 us each (RMSNorm reductions, GEMV fusions, RoPE, two
 cache updates, the query's transpose and padding, the attention kernel, its merge, ...): on the H200 1.1 ms of
 kernels a step for 0.06 ms of weight bytes, so their number, not the bytes, sets the step time. Here a layer is
 
 1. `qkv`: RMSNorm, the q/k/v projection and RoPE; k and v written into the paged cache, q (scaled by 1/sqrt(D))
-   into the attention kernel's query blocks (paged_kernel.query_rows' layout). One program per head.
+   into the attention kernel's query blocks (paged_kernel.query_rows' layout). Programs per head: one, or with
+   row-by-row products enough pieces of each half-head for about GEMV_MIN_PROGRAMS programs.
 2. paged_kernel.attend, the attention kernel, its partitions left unmerged;
 3. `attn_out`: the partitions' merge, the output projection and the residual;
 4. `linear` with a norm and SwiGLU: RMSNorm, the gate/up projection, silu(gate) * up;
 5. `linear` with a residual: the down projection and the residual.
 
 Activations between the kernels are [ROWS, width]: the step's B*T tokens, then zero rows that stay zero, so no
-kernel pads or slices. Rounding follows the XLA layer (llama.decoder_layer, the oracle) op by op: fp32
-accumulation, then the model dtype wherever XLA's ops produce it; the two agree to that dtype's rounding, not bit
-for bit (sums run in another order).
+kernel pads or slices. Forwards of up to GEMV_ROWS tokens multiply each row by the weights on the CUDA cores
+(broadcast products summed over K, as a GEMV does); more take 16-row tensor-core dots, whose operands go through
+shared memory at every step over K (5-9 us a kernel at batch 1, against 5.4-6.7 row by row on an H100). Rounding
+follows the XLA layer (llama.decoder_layer, the oracle) op by op: fp32 accumulation, then the model dtype wherever
+XLA's ops produce it; the two agree to that dtype's rounding, not bit for bit (sums run in another order).
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ GEMV_WARPS = 4
 
 def applies(cfg, tokens: int, batch: AttnBatch | None, kv: KVCache | None) -> bool:
     """Whether a forward of `tokens` tokens (B * T) over model config `cfg` (llama.Config) runs these kernels:
-    KernelConfig.fused_decode, the Pallas attention, one device, a decode batch (one sequence per row) over a
-    paged cache, and shapes the kernels' blocks divide."""
+    KernelConfig.fused_decode, at most KernelConfig.fused_decode_tokens tokens, the Pallas attention, one device, a
+    decode batch (one sequence per row) over a paged cache, and shapes the kernels' blocks divide."""
     D = cfg.head_dim
     return (cfg.kernel.fused_decode and cfg.attn_impl in ("pallas", "pallas-interpret") and cfg.tp_size == 1
-            and kv is not None and batch is not None and batch.token_rows is None and tokens <= ROWS
+            and kv is not None and batch is not None and batch.token_rows is None
+            and tokens <= min(ROWS, cfg.kernel.fused_decode_tokens)
             and D // 2 >= 16 and D & (D - 1) == 0
             and all(n % 16 == 0 for n in (cfg.hidden_size, cfg.intermediate_size, cfg.q_size)))
 
@@ -128,7 +132,7 @@ def _block_n(n: int, tokens: int = ROWS) -> int:
     """Output columns per program: the widest block that still gives MIN_PROGRAMS programs, else 16 (a dot's
     least); for the row-by-row products of up to GEMV_ROWS tokens, GEMV_MIN_PROGRAMS, else GEMV_MIN_BLOCK."""
     if tokens <= GEMV_ROWS:  # and two column blocks (SwiGLU's) of 16 K rows within the accumulators' bound
-        return next((b for b in (64, 32, 16) if b > GEMV_MIN_BLOCK and n % b == 0 and n // b >= GEMV_MIN_PROGRAMS
+        return next((b for b in (128, 64, 32, 16) if b > GEMV_MIN_BLOCK and n % b == 0 and n // b >= GEMV_MIN_PROGRAMS
                      and tokens * 2 * 16 * b <= GEMV_ACC_ELEMS), GEMV_MIN_BLOCK)
     return next((b for b in (128, 64, 32) if n % b == 0 and n // b >= MIN_PROGRAMS), 16)
 

@@ -53,12 +53,24 @@ class KernelConfig:
     # end to end: 792 -> 829 output tok/s at batch 1, no change beyond the runs' spread at 96 prompts. The second
     # executable of each program comes from the persistent compilation cache when it is on.
     twin_programs: bool = True
-    # Decode steps of at most 16 tokens (batch 1 to 16 without speculation, 1 to 4 with k = 3) run each Llama layer,
-    # the target's and the draft head's, as five Pallas kernels (models/fused_layer.py) instead of the ~17 XLA makes
-    # of it at batch 1, where the kernels' number, not their bytes, sets the step time. Needs the Pallas attention
-    # and one device. Off: on the H200 its kernels took 5-9 us each against XLA's 2-3 us GEMVs, and a batch-1 step
-    # 1.41 against 1.21 ms (bench/results/20261205-h200-fused-layer/).
-    fused_decode: bool = False
+    # Decode forwards of at most fused_decode_tokens tokens (one by default: batch 1 without speculation, the draft
+    # head's rollout passes at batch 1) run each Llama layer, the target's and the draft head's, as five Pallas
+    # kernels (models/fused_layer.py) instead of the ~17 XLA makes of it at batch 1, where the kernels' number, not
+    # their bytes, sets the step time. Needs the Pallas attention and one device. On an H100 (random SmolLM2
+    # weights, batch 1, 1,024 tokens; bench/results/20261206-h100-gemv-layer/): a step 0.948 against 1.188 ms
+    # (0.944 against 1.157 ms of kernels, 172 against 561 launches); the engine 941 against 725 output tok/s, 1,034
+    # against 946 with 8 scheduler steps a dispatch, 1,699 against 1,288 with EAGLE k = 3 at synthetic acceptance
+    # 0.6. Before its kernels multiplied row by row (16-row tensor-core dots, 5-9 us each) it was slower: on the
+    # H200 1.41 against 1.21 ms a step (bench/results/20261205-h200-fused-layer/).
+    fused_decode: bool = True
+    # The most tokens (rows x tokens a row) a forward may have to run the fused layer. Its kernels for one token
+    # multiply row by row on the CUDA cores; for 2-4 tokens the same, once per row; for 5-16, 16-row tensor-core dots.
+    # On an H100 (SmolLM2 shapes, each kernel alone) one token took 5.4-6.7 us a kernel where XLA's ops for the same
+    # work took 4.8-8.4 us in 2-4 kernels (and its layer has others besides), four tokens 10.7-16.7 us against
+    # XLA's 3.2-7.4;
+    # EAGLE k = 3 at batch 1 ran 1,699 output tok/s with one token, 1,051 with four (the verify fused too), 1,032
+    # with sixteen.
+    fused_decode_tokens: int = 1
     # An all-greedy decode step with logits processors or logprobs runs its pass over the vocabulary as one Pallas
     # kernel (engine/greedy_pass.py): processing, argmax, log-sum-exp, ties and block maxima from one read of the
     # logits and the slots' processor rows, where XLA writes the processed logits out and reads them twice more.
