@@ -66,8 +66,8 @@ def test_linear_kernel_equals_the_xla_ops(norm, swiglu, residual, tokens, monkey
         _rows(rng, (1, tokens, N)))
     stack = jnp.stack([w * 2, w])  # layer 1 of two
     out = fused_layer.linear(x, stack, jnp.ones((1,), jnp.int32), norm=jnp.stack([g * 3, g]) if norm else None,
-                             eps=1e-5, residual=r if residual else None, swiglu=swiglu,
-                             tokens=tokens if tokens <= fused_layer.GEMV_ROWS else fused_layer.ROWS, interpret=True)
+                             eps=1e-5, residual=r if residual else None, swiglu=swiglu, tokens=tokens,
+                             interpret=True)
     h = llama.rms_norm(x, g, 1e-5) if norm else x
     h = h @ w
     if swiglu:

@@ -233,14 +233,17 @@ def _projected_gemv(x_ref, g_ref, w_ref, layer: jax.Array, eps: float, columns: 
         size = _floor2(rest)
         ssq, sums = step(K - rest, size, ssq, sums)
         rest -= size
+    if g_ref is not None:
+        sums = [[v * jax.lax.rsqrt(ssq[r] / K + eps) for v in sums[r]] for r in range(tokens)]
+    return [_stack_rows([sums[r][i] for r in range(tokens)]) for i in range(len(columns))]
+
+
+def _stack_rows(vectors: list[jax.Array]) -> jax.Array:
+    """fp32 vectors [width] as the first rows of a [ROWS, width] block, zero below (Triton has no concatenation)."""
     row = jnp.arange(ROWS)[:, None]
-    out = []
-    for i, (_, w) in enumerate(columns):
-        y = jnp.zeros((ROWS, w), f32)
-        for r in range(tokens):
-            v = sums[r][i] if g_ref is None else sums[r][i] * jax.lax.rsqrt(ssq[r] / K + eps)
-            y = jnp.where(row == r, v[None, :], y)
-        out.append(y)
+    out = jnp.zeros((ROWS, vectors[0].shape[0]), jnp.float32)
+    for r, v in enumerate(vectors):
+        out = jnp.where(row == r, v[None, :], out)
     return out
 
 
@@ -436,10 +439,7 @@ def _attn_out_gemv_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref,
         return accs
 
     accs = _over_heads(head, heads, [jnp.zeros((D, bn), f32) for _ in range(M)])
-    row = jnp.arange(ROWS)[:, None]
-    acc = jnp.zeros((ROWS, bn), f32)
-    for r in range(M):
-        acc = jnp.where(row == r, jnp.sum(accs[r], axis=0)[None, :], acc)
+    acc = _stack_rows([jnp.sum(a, axis=0) for a in accs])
     out_ref[:, pl.ds(c0, bn)] = (r_ref[:, pl.ds(c0, bn)].astype(f32) + acc.astype(dt).astype(f32)).astype(dt)
 
 

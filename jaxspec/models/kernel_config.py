@@ -63,13 +63,12 @@ class KernelConfig:
     # 0.6. Before its kernels multiplied row by row (16-row tensor-core dots, 5-9 us each) it was slower: on the
     # H200 1.41 against 1.21 ms a step (bench/results/20261205-h200-fused-layer/).
     fused_decode: bool = True
-    # The most tokens (rows x tokens a row) a forward may have to run the fused layer. Its kernels for one token
-    # multiply row by row on the CUDA cores; for 2-4 tokens the same, once per row; for 5-16, 16-row tensor-core dots.
-    # On an H100 (SmolLM2 shapes, each kernel alone) one token took 5.4-6.7 us a kernel where XLA's ops for the same
-    # work took 4.8-8.4 us in 2-4 kernels (and its layer has others besides), four tokens 10.7-16.7 us against
-    # XLA's 3.2-7.4;
-    # EAGLE k = 3 at batch 1 ran 1,699 output tok/s with one token, 1,051 with four (the verify fused too), 1,032
-    # with sixteen.
+    # The most tokens (rows x tokens a row) a forward may have to run the fused layer (16 at most: its block of
+    # rows). Its kernels for one token multiply row by row on the CUDA cores; for 2-4 tokens the same, once per row;
+    # for 5-16, 16-row tensor-core dots. On an H100 (SmolLM2 shapes, each kernel alone) one token took 5.4-6.7 us a
+    # kernel where XLA's ops for the same work took 4.8-8.4 us in 2-4 kernels (and its layer has others besides),
+    # four tokens 10.7-16.7 us against XLA's 3.2-7.4; EAGLE k = 3 at batch 1 ran 1,699 output tok/s with one token,
+    # 1,051 with four (the verify fused too), 1,032 with sixteen.
     fused_decode_tokens: int = 1
     # An all-greedy decode step with logits processors or logprobs runs its pass over the vocabulary as one Pallas
     # kernel (engine/greedy_pass.py): processing, argmax, log-sum-exp, ties and block maxima from one read of the
