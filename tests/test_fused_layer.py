@@ -23,7 +23,7 @@ from tests.tiny import random_prompts
 # two (SmolLM2's are 576 and 1536); 3 query heads share one KV head
 CFG = llama.Config(vocab_size=256, hidden_size=96, intermediate_size=160, num_layers=2, num_heads=3, num_kv_heads=1,
                    head_dim=32)
-FUSED = KernelConfig(fused_decode=True, fused_decode_tokens=16)
+FUSED = KernelConfig(fused_decode=True, fused_decode_tokens=16, fused_decode_max_layer_mib=1024)
 PAGE, PAGES_PER_SEQ, NUM_PAGES = 4, 16, 320
 
 
@@ -60,7 +60,7 @@ def test_linear_kernel_equals_the_xla_ops(norm, swiglu, residual, tokens, monkey
     if tokens == 4:
         monkeypatch.setattr(fused_layer, "GEMV_UNROLL", 0)
     rng = np.random.default_rng(0)
-    K, N = 96, 48
+    K, N = 200, 48  # K not a power of two: the row-by-row steps end in a masked one, unrolled (1) and looped (4)
     x = fused_layer.rows(_rows(rng, (1, tokens, K)))
     g, w, r = _rows(rng, (K,)), _rows(rng, (K, 2 * N if swiglu else N)) / np.sqrt(K), fused_layer.rows(
         _rows(rng, (1, tokens, N)))
@@ -122,6 +122,14 @@ def test_the_fused_path_is_taken_only_where_it_fits():
     assert not fused_layer.applies(fused, 1, batch, None)  # no cache: dense attention
     assert not fused_layer.applies(fused.replace(head_dim=16), 1, batch, kv)  # half a head under 16 columns
     assert not fused_layer.applies(fused.replace(tp_size=2), 1, batch, kv)
+    # by default, SmolLM2-135M's layer (6.75 MiB in bf16) but not Llama-3-8B's (416 MiB)
+    smollm2 = default.replace(hidden_size=576, intermediate_size=1536, num_heads=9, num_kv_heads=3, head_dim=64,
+                              dtype="bfloat16")
+    llama8b = default.replace(hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128,
+                              dtype="bfloat16")
+    assert fused_layer.applies(smollm2, 1, batch, kv) and not fused_layer.applies(llama8b, 1, batch, kv)
+    assert fused_layer.applies(llama8b.replace(kernel=KernelConfig(fused_decode_max_layer_mib=416)), 1, batch, kv)
+    assert not fused_layer.applies(llama8b.replace(kernel=KernelConfig(fused_decode_max_layer_mib=415)), 1, batch, kv)
 
 
 def test_table_partitions_are_capped_for_the_merge():

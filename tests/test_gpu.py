@@ -103,7 +103,7 @@ def test_fused_layers_match_xla_on_gpu(B, T, hidden, heads, kv_heads, head_dim, 
     batch = AttnBatch(jnp.asarray(tables, jnp.int32), jnp.asarray(slots, jnp.int32))
     tokens = jnp.asarray(rng.integers(0, 512, (B, T)), jnp.int32)
     out = {}
-    fused = KernelConfig(fused_decode=True, fused_decode_tokens=16)
+    fused = KernelConfig(fused_decode=True, fused_decode_tokens=16, fused_decode_max_layer_mib=1024)
     for name, c in (("xla", cfg), ("fused", cfg.replace(attn_impl="pallas", kernel=fused))):
         h, _, kv = jax.jit(llama.forward, static_argnums=1)(w, c, tokens, jnp.asarray(positions, jnp.int32),
                                                              KVCache(k, v), batch)

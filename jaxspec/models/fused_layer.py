@@ -42,15 +42,19 @@ GEMV_MIN_PROGRAMS = 64  # ... its column blocks narrow enough for about this man
 GEMV_MIN_BLOCK = 8  # columns: 16 bytes of a bf16 row, half a 32-byte memory sector
 GEMV_ACC_ELEMS = 8192  # ... and its fp32 products of one step over K (rows x K block x columns) at most this many
 GEMV_UNROLL = 8  # ... its steps over K unrolled up to this many (a loop beyond)
+GEMV_LOAD_WORDS = 12288  # ... the loads a program issues at once (steps or heads unrolled together), in fp32 words
 GEMV_WARPS = 4
 
 
 def applies(cfg, tokens: int, batch: AttnBatch | None, kv: KVCache | None) -> bool:
     """Whether a forward of `tokens` tokens (B * T) over model config `cfg` (llama.Config) runs these kernels:
-    KernelConfig.fused_decode, at most KernelConfig.fused_decode_tokens tokens, the Pallas attention, one device, a
-    decode batch (one sequence per row) over a paged cache, and shapes the kernels' blocks divide."""
-    D = cfg.head_dim
+    KernelConfig.fused_decode, at most KernelConfig.fused_decode_tokens tokens, a layer of at most
+    KernelConfig.fused_decode_max_layer_mib, the Pallas attention, one device, a decode batch (one sequence per row)
+    over a paged cache, and shapes the kernels' blocks divide."""
+    D, H = cfg.head_dim, cfg.hidden_size
+    params = H * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * H + 3 * H * cfg.intermediate_size
     return (cfg.kernel.fused_decode and cfg.attn_impl in ("pallas", "pallas-interpret") and cfg.tp_size == 1
+            and params * jnp.dtype(cfg.jnp_dtype).itemsize <= cfg.kernel.fused_decode_max_layer_mib << 20
             and kv is not None and batch is not None and batch.token_rows is None
             and tokens <= min(ROWS, cfg.kernel.fused_decode_tokens)
             and D // 2 >= 16 and D & (D - 1) == 0
@@ -142,13 +146,13 @@ def _floor2(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def _div(a: jax.Array, n: int) -> jax.Array:
+def _div(a: jax.Array | int, n: int) -> jax.Array | int:
     """a // n for a >= 0 (lax's truncating division: jnp's floor division adds sign fixes Triton cannot lower)."""
-    return jax.lax.div(a, jnp.asarray(n, a.dtype))
+    return a // n if isinstance(a, int) else jax.lax.div(a, jnp.asarray(n, a.dtype))
 
 
-def _rem(a: jax.Array, n: int) -> jax.Array:
-    return jax.lax.rem(a, jnp.asarray(n, a.dtype))
+def _rem(a: jax.Array | int, n: int) -> jax.Array | int:
+    return a % n if isinstance(a, int) else jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
 
 def _projected(x_ref, g_ref, w_ref, layer: jax.Array, eps: float, columns: list[tuple[jax.Array, int]],
@@ -194,48 +198,73 @@ def _projected_gemv(x_ref, g_ref, w_ref, layer: jax.Array, eps: float, columns: 
     """_projected for the first `tokens` rows, each a row vector times w's block on the CUDA cores: a tensor-core
     dot takes 16 rows and moves its operands through shared memory at every step, which made these kernels 5-9 us
     against XLA's 2-3 us GEMVs at batch 1 (bench/results/20261205-h200-fused-layer/). Each step over K adds the
-    elementwise products into [block K, width] fp32 accumulators, summed across K once at the end. Up to
-    GEMV_UNROLL steps are unrolled, so all their loads can be in flight together (more run as a loop); K's
-    remainder is taken in smaller power-of-two steps (no masks: a block's size is static), each summed alone."""
+    elementwise products (and the norm's squares) into fp32 accumulators, summed across K once at the end. Steps
+    run in unrolled groups with every step's loads issued before any product: a layout change or a sum across
+    threads is a barrier the loads after it wait behind, so loads interleaved with products waited for memory one
+    step at a time. A group is all the steps when their loads fit GEMV_LOAD_WORDS (else a loop over groups)."""
     K = x_ref.shape[1]
     width = sum(w for _, w in columns)
-    bk = _floor2(min(K, max(16, GEMV_ACC_ELEMS // (tokens * width))))
+    bk = _gemv_block_k(K, width, tokens)
+    steps, tail = pl.cdiv(K, bk), K % bk != 0
     f32 = jnp.float32
 
-    def step(k0, size: int, ssq: list, accs: list) -> tuple[list, list]:
-        """Rows [k0, k0 + size) of K: the rows' sums of squares, and the products added to accs (when they are
-        [size, width] each) or summed over the step first."""
-        keys = pl.ds(k0, size)
-        ws = [w_ref[layer, keys, pl.ds(c, w)].astype(f32) for c, w in columns]
-        g = None if g_ref is None else g_ref[layer, keys]
+    def load(k0, keep: tuple[int, int] | None = None) -> tuple:
+        """Rows [k0, k0 + bk) of K: w's column blocks, the norm's weights and each row of x, zero outside the rows
+        `keep` (first, end) when given."""
+        keys = pl.ds(k0, bk)
+        inside = None if keep is None else (k0 + jnp.arange(bk) >= keep[0]) & (k0 + jnp.arange(bk) < keep[1])
+        ws = [_load(w_ref.at[layer, keys, pl.ds(c, w)], None if inside is None else inside[:, None])
+              for c, w in columns]
+        g = None if g_ref is None else _load(g_ref.at[layer, keys], inside)
+        # (an array row index: a masked load takes no Python int)
+        return ws, g, [_load(x_ref.at[jnp.int32(r), keys], inside) for r in range(tokens)]
+
+    def add(blocks: tuple, ssq: list, accs: list) -> tuple[list, list]:
+        ws, g, xs = blocks
+        ws = [w.astype(f32) for w in ws]
         ssq, accs = list(ssq), [list(a) for a in accs]
-        for r in range(tokens):
-            x = x_ref[r, keys]
+        for r, x in enumerate(xs):
             if g is not None:
                 x32 = x.astype(f32)
-                ssq[r] = ssq[r] + jnp.sum(x32 * x32)
+                ssq[r] = ssq[r] + x32 * x32
                 x = x * g
             x = x.astype(f32)[:, None]
-            accs[r] = [a + (x * w if a.ndim == 2 else jnp.sum(x * w, axis=0)) for a, w in zip(accs[r], ws)]
+            accs[r] = [a + x * w for a, w in zip(accs[r], ws)]
         return ssq, accs
 
-    ssq = [jnp.zeros((), f32)] * tokens
+    def add_steps(starts: list, ssq: list, accs: list, keep: tuple[int, int] | None = None) -> tuple[list, list]:
+        """The steps at `starts`, every load first (the last one masked to `keep` when given)."""
+        loaded = [load(k0, keep if i == len(starts) - 1 else None) for i, k0 in enumerate(starts)]
+        for blocks in loaded:
+            ssq, accs = add(blocks, ssq, accs)
+        return ssq, accs
+
+    ssq = [jnp.zeros((bk,), f32)] * tokens
     accs = [[jnp.zeros((bk, w), f32) for _, w in columns] for _ in range(tokens)]
-    full = K // bk
-    if full <= GEMV_UNROLL:
-        for i in range(full):
-            ssq, accs = step(i * bk, bk, ssq, accs)
-    else:
-        ssq, accs = jax.lax.fori_loop(0, full, lambda i, c: step(pl.multiple_of(i * bk, bk), bk, *c), (ssq, accs))
+    # steps go `group` at a time, as many as their loads (w's blocks, x's rows, the norm's) fit GEMV_LOAD_WORDS
+    group = max(1, min(steps, GEMV_UNROLL, GEMV_LOAD_WORDS // (bk * width // 2 + (tokens + 1) * bk // 2)))
+    plain = steps - tail  # steps that bk's rows fill
+    loops = plain // group if steps > group else 0
+    if loops:
+        ssq, accs = jax.lax.fori_loop(0, loops, lambda j, c: add_steps(
+            [pl.multiple_of((j * group + u) * bk, bk) for u in range(group)], *c), (ssq, accs))
+    # the rest unrolled; the last step of a K that bk does not divide ends at K, its rows of the step before masked
+    starts = [i * bk for i in range(loops * group, plain)] + ([K - bk] if tail else [])
+    if starts:
+        ssq, accs = add_steps(starts, ssq, accs, ((steps - 1) * bk, K) if tail else None)
     sums = [[jnp.sum(a, axis=0) for a in row] for row in accs]
-    rest = K % bk
-    while rest:  # the remainder's binary digits, largest first
-        size = _floor2(rest)
-        ssq, sums = step(K - rest, size, ssq, sums)
-        rest -= size
     if g_ref is not None:
-        sums = [[v * jax.lax.rsqrt(ssq[r] / K + eps) for v in sums[r]] for r in range(tokens)]
+        sums = [[v * jax.lax.rsqrt(jnp.sum(ssq[r]) / K + eps) for v in sums[r]] for r in range(tokens)]
     return [_stack_rows([sums[r][i] for r in range(tokens)]) for i in range(len(columns))]
+
+
+def _gemv_block_k(K: int, width: int, tokens: int) -> int:
+    """Rows of K per step of the row-by-row products (`width` columns, `tokens` rows): a power of two with at most
+    GEMV_ACC_ELEMS products a step; of those that cover K in at most GEMV_UNROLL steps, the one that pads K least,
+    then the one with fewest steps (SmolLM2's 576 in 5 steps of 128, its 1536 in 3 of 512)."""
+    cap = _floor2(min(K, max(16, GEMV_ACC_ELEMS // (tokens * width))))
+    fits = [b for b in (1 << i for i in range(4, cap.bit_length())) if pl.cdiv(K, b) <= GEMV_UNROLL]
+    return min(fits, key=lambda b: (pl.cdiv(K, b) * b, pl.cdiv(K, b))) if fits else cap
 
 
 def _stack_rows(vectors: list[jax.Array]) -> jax.Array:
@@ -265,6 +294,7 @@ def _linear_kernel(*refs, bn: int, eps: float, norm: bool, swiglu: bool, residua
     w_ref, r_ref, o_ref = refs[0], refs[1] if residual else None, refs[-1]
     N, dt = o_ref.shape[1], o_ref.dtype
     c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
+    r = r_ref[:, pl.ds(c0, bn)] if residual else None  # loaded first: its wait overlaps the weights'
     accs = _projected(x_ref, g_ref, w_ref, layer_ref[0], eps, [(c0, bn)] + ([(N + c0, bn)] if swiglu else []),
                       tokens)
     y = accs[0].astype(dt)
@@ -273,7 +303,7 @@ def _linear_kernel(*refs, bn: int, eps: float, norm: bool, swiglu: bool, residua
         sigmoid = (1 / (1 + jnp.exp(-gate))).astype(dt).astype(jnp.float32)
         y = ((gate * sigmoid).astype(dt).astype(jnp.float32) * up).astype(dt)
     if residual:
-        y = (r_ref[:, pl.ds(c0, bn)].astype(jnp.float32) + y.astype(jnp.float32)).astype(dt)
+        y = (r.astype(jnp.float32) + y.astype(jnp.float32)).astype(dt)
     o_ref[:, pl.ds(c0, bn)] = y
 
 
@@ -305,9 +335,11 @@ def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int
     c = pl.multiple_of(_rem(pl.program_id(0), pieces) * width, width)  # this program's columns of each half
     c0 = pl.multiple_of(j * D + c, width)
     layer = layer_ref[0]
+    # the rows' positions and slots loaded before the projection, so that their waits overlap the weights'
+    angle = pos_ref[...].astype(jnp.float32)[:, None] * freq_ref[pl.ds(c, width)][None, :]  # [ROWS, width]
+    slot = slot_ref[...]
     lo, hi = (a.astype(dt) for a in _projected(x_ref, g_ref, w_ref, layer, eps,
                                                [(c0, width), (c0 + half, width)], M))
-    angle = pos_ref[...].astype(jnp.float32)[:, None] * freq_ref[pl.ds(c, width)][None, :]  # [ROWS, width]
     rotate = j < heads + kv_heads  # v is not rotated: cos 1, sin 0
     cos = jnp.where(rotate, jnp.cos(angle), 1.0).astype(dt)
     sin = jnp.where(rotate, jnp.sin(angle), 0.0).astype(dt)
@@ -328,7 +360,6 @@ def _qkv_kernel(*refs, eps: float, norm: bool, heads: int, kv_heads: int, T: int
         for at, half_q in ((cols, lo), (cols + half, hi)):
             plgpu.store(q_ref.at[row, at], (half_q.astype(jnp.float32) / scale).astype(dt), mask=valid[:, None])
 
-    slot = slot_ref[...]
     write = valid & (slot >= 0)
     row = jnp.where(write, layer * layer_slots + slot, k_ref.shape[1])[:, None]
     for index, ref in ((j - heads, k_ref), (j - heads - kv_heads, v_ref)):
@@ -411,10 +442,11 @@ def _attn_out_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref, *, b
 
 
 def _attn_out_gemv_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref, *, bn: int, B: int, T: int,
-                          kv_heads: int, R: int, splits: int):
+                          kv_heads: int, R: int, splits: int, unroll: int):
     """_attn_out_kernel for up to GEMV_ROWS tokens: each token's partitions merged on their own (a vector of
     partitions, no merge block), its attention row times wo's block on the CUDA cores, the products of all heads
-    added into [D, bn] fp32 accumulators and summed over D once at the end."""
+    added into [D, bn] fp32 accumulators and summed over D once at the end. Heads go `unroll` at a time, each
+    group's loads (partitions and weights) issued before its merges, whose sums across threads are barriers."""
     D, dt, layer, M = o_ref.shape[-1], out_ref.dtype, layer_ref[0], B * T
     heads, c0 = w_ref.shape[1] // D, pl.multiple_of(pl.program_id(0) * bn, bn)
     group = heads // kv_heads
@@ -422,25 +454,42 @@ def _attn_out_gemv_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref,
     part = jnp.arange(sp)
     ok = part < splits
     f32 = jnp.float32
+    residual = r_ref[:, pl.ds(c0, bn)]
 
-    def head(h, accs: list) -> list:
-        w = w_ref[layer, pl.ds(pl.multiple_of(h * D, D), D), pl.ds(c0, bn)].astype(f32)
-        accs = list(accs)
+    def load(h) -> tuple:
+        """Head h's block of wo and, for each token, its partitions' m, l and o."""
+        w = w_ref[layer, pl.ds(h * D if isinstance(h, int) else pl.multiple_of(h * D, D), D), pl.ds(c0, bn)]
+        parts = []
         for r in range(M):
             b, t = divmod(r, T)
             idx = jnp.where(ok, ((part * B + b) * kv_heads + _div(h, group)) * R + t * group + _rem(h, group),
                             l_ref.shape[0])
-            m = plgpu.load(m_ref.at[idx], mask=ok, other=paged_kernel.MASK)
-            l = plgpu.load(l_ref.at[idx], mask=ok, other=0.0)
-            o = plgpu.load(o_ref.at[idx[:, None], jnp.arange(D)[None, :]], mask=ok[:, None], other=0.0)
+            parts.append((plgpu.load(m_ref.at[idx], mask=ok, other=paged_kernel.MASK),
+                          plgpu.load(l_ref.at[idx], mask=ok, other=0.0),
+                          plgpu.load(o_ref.at[idx[:, None], jnp.arange(D)[None, :]], mask=ok[:, None], other=0.0)))
+        return w, parts
+
+    def add(w, parts: list, accs: list) -> list:
+        w, accs = w.astype(f32), list(accs)
+        for r, (m, l, o) in enumerate(parts):
             weight = jnp.where(ok, jnp.exp(m - jnp.max(m)), 0.0)
             attn = jnp.sum(o * weight[:, None], axis=0) / (jnp.sum(l * weight) + 1e-30)
             accs[r] = accs[r] + attn.astype(dt).astype(f32)[:, None] * w
         return accs
 
-    accs = _over_heads(head, heads, [jnp.zeros((D, bn), f32) for _ in range(M)])
+    def heads_from(h0, accs: list) -> list:
+        loaded = [load(h0 + u) for u in range(unroll)]
+        for w, parts in loaded:
+            accs = add(w, parts, accs)
+        return accs
+
+    accs = [jnp.zeros((D, bn), f32) for _ in range(M)]
+    if unroll == heads:
+        accs = heads_from(0, accs)
+    else:
+        accs = jax.lax.fori_loop(0, heads // unroll, lambda i, a: heads_from(i * unroll, a), accs)
     acc = _stack_rows([jnp.sum(a, axis=0) for a in accs])
-    out_ref[:, pl.ds(c0, bn)] = (r_ref[:, pl.ds(c0, bn)].astype(f32) + acc.astype(dt).astype(f32)).astype(dt)
+    out_ref[:, pl.ds(c0, bn)] = (residual.astype(f32) + acc.astype(dt).astype(f32)).astype(dt)
 
 
 def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, layer: jax.Array, residual: jax.Array,
@@ -448,13 +497,17 @@ def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, layer: jax
     """paged_kernel.attend's partitions (o [splits, B, KVH, R, D], l, m) merged per token and head, projected by
     wo[layer] (stacked [L, heads * D, H]; layer [1] int32) and added to residual [ROWS, H]: [ROWS, H]."""
     splits, B, kvh, R, D = o.shape
-    H = wo.shape[2]
+    H, heads = wo.shape[2], wo.shape[1] // D
     M = B * p.T
     bn = _block_n(H, M)
     if M <= GEMV_ROWS:  # its accumulators, [D, bn] a token, within GEMV_ACC_ELEMS
         bn = max(GEMV_MIN_BLOCK, min(bn, _floor2(GEMV_ACC_ELEMS // (M * D))))
-    kernel = partial(_attn_out_gemv_kernel if M <= GEMV_ROWS else _attn_out_kernel, bn=bn, B=B, T=p.T,
-                     kv_heads=kvh, R=R, splits=splits)
+        per_head = D * bn // 2 + M * (1 << (splits - 1).bit_length()) * D  # fp32 words: wo's block, the o rows
+        unroll = max(d for d in range(1, heads + 1) if heads % d == 0 and (d == 1 or d * per_head <= GEMV_LOAD_WORDS))
+        kernel = partial(_attn_out_gemv_kernel, unroll=unroll)
+    else:
+        kernel = _attn_out_kernel
+    kernel = partial(kernel, bn=bn, B=B, T=p.T, kv_heads=kvh, R=R, splits=splits)
     return pl.pallas_call(kernel, grid=(H // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, H), residual.dtype),
                           compiler_params=_params(M), interpret=p.interpret, name="jaxspec_attn_out")(
         o.reshape(-1, D), l.reshape(-1), m.reshape(-1), layer, wo, residual)

@@ -70,6 +70,12 @@ class KernelConfig:
     # four tokens 10.7-16.7 us against XLA's 3.2-7.4; EAGLE k = 3 at batch 1 ran 1,699 output tok/s with one token,
     # 1,051 with four (the verify fused too), 1,032 with sixteen.
     fused_decode_tokens: int = 1
+    # ... and only for models whose layer weights (q, k, v, o, gate, up, down in the model's dtype) take at most this
+    # many MiB: the fused kernels wait on memory latency well, not on bandwidth (one wave of ~64-96 programs, ~1.6
+    # TB/s on large matrices against XLA's ~2.9). On an H100, batch 1: SmolLM2-135M (6.75 MiB a layer) a step 0.940
+    # against 1.196 ms with XLA's layers; Llama-3-8B shapes (416 MiB) 10.0 against 5.7 ms
+    # (bench/results/20261206-loads-first/). Between the two, unmeasured: the bound keeps where it was measured to win.
+    fused_decode_max_layer_mib: int = 16
     # An all-greedy decode step with logits processors or logprobs runs its pass over the vocabulary as one Pallas
     # kernel (engine/greedy_pass.py): processing, argmax, log-sum-exp, ties and block maxima from one read of the
     # logits and the slots' processor rows, where XLA writes the processed logits out and reads them twice more.
