@@ -87,37 +87,38 @@ def timed(fns):
     return out
 
 
-DEFAULT = {k: getattr(fl, k) for k in ("GEMV_WARPS", "GEMV_MIN_PROGRAMS", "GEMV_ACC_ELEMS", "GEMV_MIN_BLOCK",
-                                       "GEMV_UNROLL")}
-VARIANTS = [{}, {"GEMV_WARPS": 8}, {"GEMV_WARPS": 16, "GEMV_ACC_ELEMS": 32768}, {"GEMV_WARPS": 8, "GEMV_ACC_ELEMS": 16384},
-            {"GEMV_WARPS": 16, "GEMV_ACC_ELEMS": 16384}, {"GEMV_MIN_PROGRAMS": 128},
-            {"GEMV_WARPS": 8, "GEMV_MIN_PROGRAMS": 128},
-            {"GEMV_WARPS": 16, "GEMV_ACC_ELEMS": 32768, "GEMV_MIN_PROGRAMS": 128}, {"GEMV_UNROLL": 0},
-            {"GEMV_WARPS": 2}]
-WIDE = sys.argv[1:] == ["wide"]  # call 3: one token, wider column blocks (fewer programs)
-if WIDE:
-    VARIANTS = [{}, {"GEMV_MIN_PROGRAMS": 32}, {"GEMV_MIN_PROGRAMS": 16}, {"GEMV_MIN_PROGRAMS": 8},
-                {"GEMV_MIN_PROGRAMS": 16, "GEMV_WARPS": 8}, {"GEMV_MIN_PROGRAMS": 8, "GEMV_WARPS": 8}]
-results = {}
-for T in (1,) if WIDE else (1, 4):
-    results[f"xla T={T}"] = r = timed(xla(T))
-    print(f"xla T={T}", {k: (v["us"], v["launches"]) for k, v in r.items()}, flush=True)
-    for var in VARIANTS if T == 1 else VARIANTS[:3]:
-        for k, v in (DEFAULT | var).items():
-            setattr(fl, k, v)
-        name = f"T={T} " + (",".join(f"{k[5:]}={v}" for k, v in var.items()) or "default")
-        try:
-            r = timed(ours(T))
-            print(name, {k: (v["us"], v["launches"]) for k, v in r.items()}, flush=True)
-        except Exception as e:  # noqa: BLE001
-            r = {"error": str(e)[:300]}
-            print(name, r, flush=True)
-        results[name] = r
-json.dump(results, open(os.path.join(os.environ.get("OUT", "/tmp"), "kg-1.json" if WIDE else "kg.json"), "w"),
-          indent=1)
-print("\nus a call (launches)   qkv   attn_out   gate_up   down   sum")
-for name, r in results.items():
-    if "error" in r:
-        continue
-    print(f"{name:38s}", " ".join(f"{r[k]['us']:7.2f}" for k in ("qkv", "attn_out", "gate_up", "down")),
-          f"{sum(r[k]['us'] for k in ('qkv', 'attn_out', 'gate_up', 'down')):7.2f}")
+if __name__ == "__main__":  # (bench/results/20261206-loads-first/scripts/kd.py imports the functions above)
+    DEFAULT = {k: getattr(fl, k) for k in ("GEMV_WARPS", "GEMV_MIN_PROGRAMS", "GEMV_ACC_ELEMS", "GEMV_MIN_BLOCK",
+                                           "GEMV_UNROLL")}
+    VARIANTS = [{}, {"GEMV_WARPS": 8}, {"GEMV_WARPS": 16, "GEMV_ACC_ELEMS": 32768}, {"GEMV_WARPS": 8, "GEMV_ACC_ELEMS": 16384},
+                {"GEMV_WARPS": 16, "GEMV_ACC_ELEMS": 16384}, {"GEMV_MIN_PROGRAMS": 128},
+                {"GEMV_WARPS": 8, "GEMV_MIN_PROGRAMS": 128},
+                {"GEMV_WARPS": 16, "GEMV_ACC_ELEMS": 32768, "GEMV_MIN_PROGRAMS": 128}, {"GEMV_UNROLL": 0},
+                {"GEMV_WARPS": 2}]
+    WIDE = sys.argv[1:] == ["wide"]  # call 3: one token, wider column blocks (fewer programs)
+    if WIDE:
+        VARIANTS = [{}, {"GEMV_MIN_PROGRAMS": 32}, {"GEMV_MIN_PROGRAMS": 16}, {"GEMV_MIN_PROGRAMS": 8},
+                    {"GEMV_MIN_PROGRAMS": 16, "GEMV_WARPS": 8}, {"GEMV_MIN_PROGRAMS": 8, "GEMV_WARPS": 8}]
+    results = {}
+    for T in (1,) if WIDE else (1, 4):
+        results[f"xla T={T}"] = r = timed(xla(T))
+        print(f"xla T={T}", {k: (v["us"], v["launches"]) for k, v in r.items()}, flush=True)
+        for var in VARIANTS if T == 1 else VARIANTS[:3]:
+            for k, v in (DEFAULT | var).items():
+                setattr(fl, k, v)
+            name = f"T={T} " + (",".join(f"{k[5:]}={v}" for k, v in var.items()) or "default")
+            try:
+                r = timed(ours(T))
+                print(name, {k: (v["us"], v["launches"]) for k, v in r.items()}, flush=True)
+            except Exception as e:  # noqa: BLE001
+                r = {"error": str(e)[:300]}
+                print(name, r, flush=True)
+            results[name] = r
+    json.dump(results, open(os.path.join(os.environ.get("OUT", "/tmp"), "kg-1.json" if WIDE else "kg.json"), "w"),
+              indent=1)
+    print("\nus a call (launches)   qkv   attn_out   gate_up   down   sum")
+    for name, r in results.items():
+        if "error" in r:
+            continue
+        print(f"{name:38s}", " ".join(f"{r[k]['us']:7.2f}" for k in ("qkv", "attn_out", "gate_up", "down")),
+              f"{sum(r[k]['us'] for k in ('qkv', 'attn_out', 'gate_up', 'down')):7.2f}")
