@@ -155,6 +155,11 @@ def _rem(a: jax.Array | int, n: int) -> jax.Array | int:
     return a % n if isinstance(a, int) else jax.lax.rem(a, jnp.asarray(n, a.dtype))
 
 
+def _multiple(a: jax.Array | int, n: int) -> jax.Array | int:
+    """pl.multiple_of(a, n) for a traced a (a Python int is known already, and the hint cannot lower on one)."""
+    return a if isinstance(a, int) else pl.multiple_of(a, n)
+
+
 def _projected(x_ref, g_ref, w_ref, layer: jax.Array, eps: float, columns: list[tuple[jax.Array, int]],
                tokens: int = ROWS) -> list[jax.Array]:
     """RMSNorm(x) (x itself when g_ref is None) times each block of w's columns (start, width), norm and w at index
@@ -393,22 +398,21 @@ def qkv(x: jax.Array, norm: jax.Array | None, wqkv: jax.Array, eps: float, p: Pl
     return q, KVCache(k_flat.reshape(kv.k.shape), v_flat.reshape(kv.v.shape))
 
 
-def _over_heads(head, heads: int, init):
-    """head(h, carry) for h = 0 .. heads - 1, in groups of up to UNROLL_HEADS unrolled heads (each head's gathers are
-    independent, so a group's can be in flight together) and a loop over the groups: 32 heads unrolled took Triton
-    12 s to compile, 8 used all 255 registers."""
-    unroll = max(d for d in range(1, UNROLL_HEADS + 1) if heads % d == 0)
-
+def _over_heads(load, add, heads: int, unroll: int, init):
+    """carry = add(load(h), carry) for h = 0 .. heads - 1, `unroll` heads at a time (`unroll` divides `heads`): a
+    group's loads are all issued before its adds, whose sums across threads are barriers the loads after them would
+    wait behind; a loop over the groups, or the one group straight (h a Python int)."""
     def group(g, carry):
-        for u in range(unroll):
-            carry = head(g * unroll + u, carry)
+        loaded = [load(g * unroll + u) for u in range(unroll)]
+        for x in loaded:
+            carry = add(x, carry)
         return carry
 
-    return jax.lax.fori_loop(0, heads // unroll, group, init)
+    return group(0, init) if unroll == heads else jax.lax.fori_loop(0, heads // unroll, group, init)
 
 
 def _attn_out_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref, *, bn: int, B: int, T: int,
-                     kv_heads: int, R: int, splits: int):
+                     kv_heads: int, R: int, splits: int, unroll: int):
     D, dt = o_ref.shape[-1], out_ref.dtype
     heads = w_ref.shape[1] // D
     layer = layer_ref[0]
@@ -434,9 +438,9 @@ def _attn_out_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref, *, b
         num = _dot(owner.astype(jnp.float32), o * weight[:, None])  # [token, D]
         den = jnp.sum(jnp.where(owner, (l * weight)[None, :], 0.0), axis=1)
         attn = (num / (den[:, None] + 1e-30)).astype(dt)
-        return acc + _dot(attn, w_ref[layer, pl.ds(pl.multiple_of(h * D, D), D), pl.ds(c0, bn)])
+        return acc + _dot(attn, w_ref[layer, pl.ds(_multiple(h * D, D), D), pl.ds(c0, bn)])
 
-    acc = _over_heads(head, heads, jnp.zeros((ROWS, bn), jnp.float32))
+    acc = _over_heads(lambda h: h, head, heads, unroll, jnp.zeros((ROWS, bn), jnp.float32))
     out_ref[:, pl.ds(c0, bn)] = (r_ref[:, pl.ds(c0, bn)].astype(jnp.float32)
                                  + acc.astype(dt).astype(jnp.float32)).astype(dt)
 
@@ -458,7 +462,7 @@ def _attn_out_gemv_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref,
 
     def load(h) -> tuple:
         """Head h's block of wo and, for each token, its partitions' m, l and o."""
-        w = w_ref[layer, pl.ds(h * D if isinstance(h, int) else pl.multiple_of(h * D, D), D), pl.ds(c0, bn)]
+        w = w_ref[layer, pl.ds(_multiple(h * D, D), D), pl.ds(c0, bn)]
         parts = []
         for r in range(M):
             b, t = divmod(r, T)
@@ -469,7 +473,8 @@ def _attn_out_gemv_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref,
                           plgpu.load(o_ref.at[idx[:, None], jnp.arange(D)[None, :]], mask=ok[:, None], other=0.0)))
         return w, parts
 
-    def add(w, parts: list, accs: list) -> list:
+    def add(loaded: tuple, accs: list) -> list:
+        w, parts = loaded
         w, accs = w.astype(f32), list(accs)
         for r, (m, l, o) in enumerate(parts):
             weight = jnp.where(ok, jnp.exp(m - jnp.max(m)), 0.0)
@@ -477,17 +482,7 @@ def _attn_out_gemv_kernel(o_ref, l_ref, m_ref, layer_ref, w_ref, r_ref, out_ref,
             accs[r] = accs[r] + attn.astype(dt).astype(f32)[:, None] * w
         return accs
 
-    def heads_from(h0, accs: list) -> list:
-        loaded = [load(h0 + u) for u in range(unroll)]
-        for w, parts in loaded:
-            accs = add(w, parts, accs)
-        return accs
-
-    accs = [jnp.zeros((D, bn), f32) for _ in range(M)]
-    if unroll == heads:
-        accs = heads_from(0, accs)
-    else:
-        accs = jax.lax.fori_loop(0, heads // unroll, lambda i, a: heads_from(i * unroll, a), accs)
+    accs = _over_heads(load, add, heads, unroll, [jnp.zeros((D, bn), f32) for _ in range(M)])
     acc = _stack_rows([jnp.sum(a, axis=0) for a in accs])
     out_ref[:, pl.ds(c0, bn)] = (residual.astype(f32) + acc.astype(dt).astype(f32)).astype(dt)
 
@@ -504,10 +499,11 @@ def attn_out(o: jax.Array, l: jax.Array, m: jax.Array, wo: jax.Array, layer: jax
         bn = max(GEMV_MIN_BLOCK, min(bn, _floor2(GEMV_ACC_ELEMS // (M * D))))
         per_head = D * bn // 2 + M * (1 << (splits - 1).bit_length()) * D  # fp32 words: wo's block, the o rows
         unroll = max(d for d in range(1, heads + 1) if heads % d == 0 and (d == 1 or d * per_head <= GEMV_LOAD_WORDS))
-        kernel = partial(_attn_out_gemv_kernel, unroll=unroll)
-    else:
+        kernel = _attn_out_gemv_kernel
+    else:  # heads unrolled by up to UNROLL_HEADS: 32 took Triton 12 s to compile, 8 used all 255 registers
+        unroll = max(d for d in range(1, UNROLL_HEADS + 1) if heads % d == 0)
         kernel = _attn_out_kernel
-    kernel = partial(kernel, bn=bn, B=B, T=p.T, kv_heads=kvh, R=R, splits=splits)
+    kernel = partial(kernel, bn=bn, B=B, T=p.T, kv_heads=kvh, R=R, splits=splits, unroll=unroll)
     return pl.pallas_call(kernel, grid=(H // bn,), out_shape=jax.ShapeDtypeStruct((ROWS, H), residual.dtype),
                           compiler_params=_params(M), interpret=p.interpret, name="jaxspec_attn_out")(
         o.reshape(-1, D), l.reshape(-1), m.reshape(-1), layer, wo, residual)
