@@ -397,6 +397,44 @@ def test_resident_plan_keeps_its_addresses_and_changes_no_output(weights, prompt
     assert fresh.llm_engine.runner._plans == {}
 
 
+def test_resident_plan_is_written_only_when_it_changes(weights, prompts, reference, monkeypatch):
+    """A plan equal to the one its buffers hold is not written again (one dispatch less a step): over generates
+    of 16 prompts and of one, the buffers are written exactly at the dispatches whose plan differs from the one
+    their (step, bucket) holds, most of the one prompt's decode steps write nothing, and outputs stay the
+    reference's."""
+    import jaxspec.engine.model_runner as model_runner
+
+    llm = make_llm(weights, decode_buckets=[1, 4, 8])
+    runner = llm.llm_engine.runner
+    placed, written = [], []
+    place, write = runner._place, model_runner.plan_program
+
+    def counting_place(step, size, plan):
+        placed.append(((step.__name__, size), tuple(np.array(a) for a in plan)))
+        return place(step, size, plan)
+
+    def counting_write(buffers, plan):
+        written.append(len(placed) - 1)
+        return write(buffers, plan)
+
+    monkeypatch.setattr(runner, "_place", counting_place)
+    monkeypatch.setattr(model_runner, "plan_program", counting_write)
+    held = dict(runner._plans_held)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    start = len(placed)
+    outs = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[:1]
+    want = []
+    for i, (key, plan) in enumerate(placed):
+        if key not in held or not model_runner._equal(held[key], plan):
+            want.append(i)
+        held[key] = plan
+    assert written == want
+    single = [i for i in range(start, len(placed)) if placed[i][0] == ("decode_step", 1)]
+    assert len(single) >= GREEDY.max_tokens - 2 and len(set(single) & set(written)) <= len(single) // 2
+
+
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_appending_a_steps_tokens_at_once_equals_one_by_one(ignore_eos):
     """OutputProcessor.append_tokens takes a step's tokens in one go when no stop rule can fire among them: for
