@@ -170,6 +170,10 @@ class EngineConfig:
     prefill_buckets: list[int] = field(default_factory=list)
     # decode steps one dispatch may run (multi-step decoding) while no request waits or prefills; 1: one per dispatch
     num_scheduler_steps: int = 1
+    # when a decoding sequence needs a page, every decoding sequence gets pages for this many more positions (while
+    # free pages stay plentiful): block tables, and so the plan arrays written to the device before a step, change
+    # at one step in many instead of at nearly every step of a large batch (Scheduler._top_up); 0: pages as needed
+    page_lookahead: int = 64
     # vLLM's automatic prefix caching (on by default there too): full prompt pages reused across requests
     enable_prefix_caching: bool = True
     # structured outputs: the device pool of constraint automata (engine/grammar.py), in states and transitions;
@@ -181,9 +185,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_seqs", "page_size",
-                     "num_pages", "max_logprobs", "num_scheduler_steps", "grammar_states", "grammar_transitions"):
-            value, lo = getattr(self, name), 0 if name in ("num_pages", "max_logprobs", "grammar_states",
-                                                            "grammar_transitions") else 1
+                     "num_pages", "max_logprobs", "num_scheduler_steps", "page_lookahead", "grammar_states",
+                     "grammar_transitions"):
+            value, lo = getattr(self, name), 0 if name in ("num_pages", "max_logprobs", "page_lookahead",
+                                                            "grammar_states", "grammar_transitions") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
         for name in ("decode_buckets", "prefill_buckets"):

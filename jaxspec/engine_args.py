@@ -55,6 +55,7 @@ class EngineArgs:
     async_scheduling: bool = True
     max_logprobs: int = 20
     num_scheduler_steps: int = 1  # multi-step decoding: decode steps per dispatch while nothing waits or prefills
+    page_lookahead: int = 64  # positions of pages given ahead to every decoding sequence when one needs a page
     enable_prefix_caching: bool | None = None  # None: on (vLLM's default)
     generation_config: str = "auto"  # the model's sampling defaults: "auto", "vllm" (none) or a directory
     override_generation_config: dict | None = None
@@ -106,6 +107,9 @@ class EngineArgs:
         e.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
         e.add_argument("--num-scheduler-steps", type=int, default=1,
                        help="decode steps one dispatch runs while no request waits or prefills (multi-step)")
+        e.add_argument("--page-lookahead", type=int, default=64,
+                       help="positions of KV pages given ahead to every decoding sequence when one needs a page, "
+                            "so that block tables change at one step in many (0: pages as needed)")
         e.add_argument("--generation-config", default="auto",
                        help="sampling defaults: auto (the model's generation_config.json), vllm (none), or a "
                             "directory holding a generation_config.json")

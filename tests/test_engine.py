@@ -435,6 +435,54 @@ def test_resident_plan_is_written_only_when_it_changes(weights, prompts, referen
     assert len(single) >= GREEDY.max_tokens - 2 and len(set(single) & set(written)) <= len(single) // 2
 
 
+def _plan_writes(llm, monkeypatch) -> list:
+    """The runner's writes of plan arrays to the device from here on: the step (name) of each."""
+    import jaxspec.engine.model_runner as model_runner
+
+    written, place = [], llm.llm_engine.runner._place
+
+    def counting(step, size, plan):
+        held = llm.llm_engine.runner._plans_held.get((step.__name__, size))
+        if held is None or not model_runner._equal(held, plan):
+            written.append(step.__name__)
+        return place(step, size, plan)
+
+    monkeypatch.setattr(llm.llm_engine.runner, "_place", counting)
+    return written
+
+
+def test_page_lookahead_changes_tables_rarely_and_no_output(weights, prompts, monkeypatch):
+    """When one decoding sequence needs a page, every one gets pages for page_lookahead more positions: 8 prompts
+    decoding 60 tokens each in 8 slots write their decode plan at a third of the steps or less against most steps
+    with pages as needed (0), the outputs are the full-sequence loop's in both, and every page taken ahead goes back
+    to the pool."""
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    want = [greedy_reference(weights, TINY, p, params.max_tokens) for p in prompts[:8]]
+    writes = {}
+    for ahead in (0, 32):
+        llm = make_llm(weights, page_lookahead=ahead, num_pages=400)  # pages to spare
+        written = _plan_writes(llm, monkeypatch)
+        outs = llm.generate(prompts[:8], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == want
+        assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
+        writes[ahead] = written.count("decode_step") / llm.stats()["num_steps"]
+    assert writes[32] <= 1 / 3 < writes[0], writes
+
+
+def test_page_lookahead_takes_nothing_from_a_tight_pool(weights, prompts, reference, monkeypatch):
+    """Pages go ahead only while the free ones cover another round of lookahead for every decoding sequence: in a
+    pool that cannot (20 pages of 8 tokens for 8 slots), the engine schedules exactly as with pages as needed, the
+    same preemptions and plan writes, and the outputs are the reference's."""
+    runs = []
+    for ahead in (0, 64):
+        llm = make_llm(weights, num_pages=20, page_lookahead=ahead)
+        written = _plan_writes(llm, monkeypatch)
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == reference
+        runs.append((llm.get_metrics()["num_preemptions"], len(written)))
+    assert runs[0] == runs[1] and runs[0][0] > 0
+
+
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_appending_a_steps_tokens_at_once_equals_one_by_one(ignore_eos):
     """OutputProcessor.append_tokens takes a step's tokens in one go when no stop rule can fire among them: for

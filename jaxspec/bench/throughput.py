@@ -99,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--num-scheduler-steps", type=int, default=1,
                    help="decode steps per dispatch while nothing waits or prefills (multi-step decoding)")
+    e.add_argument("--page-lookahead", type=int, default=64,
+                   help="positions of KV pages given ahead to every decoding sequence when one needs a page "
+                        "(0: pages as needed)")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV pages of prompts seen before (vLLM's default; a repeated round then prefills "
                    "little: --no-enable-prefix-caching compares with runs before the cache)")
@@ -596,6 +599,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
                   warmup=args.engine_warmup, compilation_cache_dir=args.compilation_cache_dir,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop, num_scheduler_steps=args.num_scheduler_steps,
+                  page_lookahead=args.page_lookahead,
                   enable_prefix_caching=args.enable_prefix_caching, tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
                   decode_buckets=engine.bucket_list(args.decode_buckets, args.max_num_seqs),
