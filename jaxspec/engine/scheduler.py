@@ -146,17 +146,19 @@ class Scheduler:
     def _top_up(self, seqs: list[Sequence], reach: int) -> None:
         """Pages for cfg.page_lookahead more positions to each of these decoding sequences, one of which needed a
         page this step, when free pages (not cached ones) still cover another such round for every one of them
-        afterwards. A grown sequence's block table changes, and with it the step's plan arrays, which the runner
-        writes to the device with a program call of its own when they differ from the last (~0.3 ms of host time
-        on an H100); growing every sequence at once leaves them unchanged for the next ~lookahead / (k + 1) steps
-        instead of changing at nearly every step of a large batch. Pages taken ahead go back with the sequence."""
+        afterwards, and a full prefill chunk if a request waits. A grown sequence's block table changes, and with
+        it the step's plan arrays, which the runner writes to the device with a program call of its own when they
+        differ from the last (~0.3 ms of host time on an H100); growing every sequence at once leaves them
+        unchanged for the next ~lookahead / (k + 1) steps instead of changing at nearly every step of a large
+        batch. Pages taken ahead go back with the sequence."""
         ahead = self.cfg.page_lookahead
         if not ahead:
             return
         bm, max_len = self.block_manager, self.cfg.max_model_len
         wants = [(seq, min(seq.upper_bound_len + reach + ahead, max_len)) for seq in seqs]
         extra = sum(max(0, bm.pages_for(n) - len(seq.pages)) for seq, n in wants)
-        if extra and len(bm.free_page_ids) - extra >= len(seqs) * bm.pages_for(ahead):
+        keep = len(seqs) * bm.pages_for(ahead) + (bm.pages_for(self.cfg.max_num_batched_tokens) if self.waiting else 0)
+        if extra and len(bm.free_page_ids) - extra >= keep:
             for seq, n in wants:
                 if bm.pages_for(n) > len(seq.pages):
                     bm.grow(seq, n)
