@@ -397,14 +397,11 @@ def test_resident_plan_keeps_its_addresses_and_changes_no_output(weights, prompt
     assert fresh.llm_engine.runner._plans == {}
 
 
-def test_resident_plan_is_written_only_when_it_changes(weights, prompts, reference, monkeypatch):
-    """A plan equal to the one its buffers hold is not written again (one dispatch less a step): over generates
-    of 16 prompts and of one, the buffers are written exactly at the dispatches whose plan differs from the one
-    their (step, bucket) holds, most of the one prompt's decode steps write nothing, and outputs stay the
-    reference's."""
+def _watch_plans(llm, monkeypatch) -> tuple[list, list]:
+    """From here on, every plan the runner places, ((step name, bucket), copies of its arrays), and the indices in
+    that list of the ones it wrote to the device (a call of plan_program)."""
     import jaxspec.engine.model_runner as model_runner
 
-    llm = make_llm(weights, decode_buckets=[1, 4, 8])
     runner = llm.llm_engine.runner
     placed, written = [], []
     place, write = runner._place, model_runner.plan_program
@@ -419,7 +416,19 @@ def test_resident_plan_is_written_only_when_it_changes(weights, prompts, referen
 
     monkeypatch.setattr(runner, "_place", counting_place)
     monkeypatch.setattr(model_runner, "plan_program", counting_write)
-    held = dict(runner._plans_held)
+    return placed, written
+
+
+def test_resident_plan_is_written_only_when_it_changes(weights, prompts, reference, monkeypatch):
+    """A plan equal to the one its buffers hold is not written again (one dispatch less a step): over generates
+    of 16 prompts and of one, the buffers are written exactly at the dispatches whose plan differs from the one
+    their (step, bucket) holds, most of the one prompt's decode steps write nothing, and outputs stay the
+    reference's."""
+    from jaxspec.engine.model_runner import _equal
+
+    llm = make_llm(weights, decode_buckets=[1, 4, 8])
+    held = dict(llm.llm_engine.runner._plans_held)
+    placed, written = _watch_plans(llm, monkeypatch)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference
     start = len(placed)
@@ -427,28 +436,12 @@ def test_resident_plan_is_written_only_when_it_changes(weights, prompts, referen
     assert [o.outputs[0].token_ids for o in outs] == reference[:1]
     want = []
     for i, (key, plan) in enumerate(placed):
-        if key not in held or not model_runner._equal(held[key], plan):
+        if key not in held or not _equal(held[key], plan):
             want.append(i)
         held[key] = plan
     assert written == want
     single = [i for i in range(start, len(placed)) if placed[i][0] == ("decode_step", 1)]
     assert len(single) >= GREEDY.max_tokens - 2 and len(set(single) & set(written)) <= len(single) // 2
-
-
-def _plan_writes(llm, monkeypatch) -> list:
-    """The runner's writes of plan arrays to the device from here on: the step (name) of each."""
-    import jaxspec.engine.model_runner as model_runner
-
-    written, place = [], llm.llm_engine.runner._place
-
-    def counting(step, size, plan):
-        held = llm.llm_engine.runner._plans_held.get((step.__name__, size))
-        if held is None or not model_runner._equal(held, plan):
-            written.append(step.__name__)
-        return place(step, size, plan)
-
-    monkeypatch.setattr(llm.llm_engine.runner, "_place", counting)
-    return written
 
 
 def test_page_lookahead_changes_tables_rarely_and_no_output(weights, prompts, monkeypatch):
@@ -461,11 +454,12 @@ def test_page_lookahead_changes_tables_rarely_and_no_output(weights, prompts, mo
     writes = {}
     for ahead in (0, 32):
         llm = make_llm(weights, page_lookahead=ahead, num_pages=400)  # pages to spare
-        written = _plan_writes(llm, monkeypatch)
+        placed, written = _watch_plans(llm, monkeypatch)
         outs = llm.generate(prompts[:8], params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == want
         assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
-        writes[ahead] = written.count("decode_step") / llm.stats()["num_steps"]
+        decode = sum(placed[i][0][0] == "decode_step" for i in written)
+        writes[ahead] = decode / llm.stats()["num_steps"]
     assert writes[32] <= 1 / 3 < writes[0], writes
 
 
@@ -476,7 +470,7 @@ def test_page_lookahead_takes_nothing_from_a_tight_pool(weights, prompts, refere
     runs = []
     for ahead in (0, 64):
         llm = make_llm(weights, num_pages=20, page_lookahead=ahead)
-        written = _plan_writes(llm, monkeypatch)
+        _, written = _watch_plans(llm, monkeypatch)
         outs = llm.generate(prompts, GREEDY, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == reference
         runs.append((llm.get_metrics()["num_preemptions"], len(written)))

@@ -155,13 +155,13 @@ class Scheduler:
         if not ahead:
             return
         bm, max_len = self.block_manager, self.cfg.max_model_len
-        wants = [(seq, min(seq.upper_bound_len + reach + ahead, max_len)) for seq in seqs]
-        extra = sum(max(0, bm.pages_for(n) - len(seq.pages)) for seq, n in wants)
+        wants = [(seq, bm.pages_for(min(seq.upper_bound_len + reach + ahead, max_len))) for seq in seqs]
+        wants = [(seq, pages) for seq, pages in wants if pages > len(seq.pages)]
+        extra = sum(pages - len(seq.pages) for seq, pages in wants)
         keep = len(seqs) * bm.pages_for(ahead) + (bm.pages_for(self.cfg.max_num_batched_tokens) if self.waiting else 0)
-        if extra and len(bm.free_page_ids) - extra >= keep:
-            for seq, n in wants:
-                if bm.pages_for(n) > len(seq.pages):
-                    bm.grow(seq, n)
+        if wants and len(bm.free_page_ids) - extra >= keep:
+            for seq, pages in wants:
+                bm.grow(seq, pages * bm.page_size)
 
     @staticmethod
     def _may_share_prefix(seq: Sequence) -> bool:
