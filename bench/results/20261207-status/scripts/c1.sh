@@ -1,4 +1,4 @@
-# call 1: (a) the grid-barrier probe (bench/results/20261207-grid-barrier/scripts/barrier.py); (b) EAGLE k = 3 at
+# call 1 (its part (a), the grid-barrier probe, ran in call 2: bench/results/20261207-grid-barrier/); (b) EAGLE k = 3 at
 # batch 1, synthetic acceptance 0.6, before (c679262's model_runner.py: the plan written every step) and after
 # (0456a8e: an unchanged plan not written), alternating, 3 pairs, one process each (scripts/model_runner_before.py
 # is not kept: `git show c679262:jaxspec/engine/model_runner.py`); (c) page_lookahead 0 vs 64
