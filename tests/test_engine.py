@@ -387,10 +387,10 @@ def test_resident_plan_keeps_its_addresses_and_changes_no_output(weights, prompt
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert {name for name, _ in runner._plans} == {"decode_step", "prefill_step"}
-    addresses = {key: [a.unsafe_buffer_pointer() for a in plan] for key, plan in runner._plans.items()}
+    addresses = {key: [a.unsafe_buffer_pointer() for a in plan] for key, (plan, _) in runner._plans.items()}
     outs = llm.generate(prompts[:5], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[:5]
-    after = {key: [a.unsafe_buffer_pointer() for a in plan] for key, plan in runner._plans.items()}
+    after = {key: [a.unsafe_buffer_pointer() for a in plan] for key, (plan, _) in runner._plans.items()}
     assert {key: after[key] for key in addresses} == addresses
     fresh = make_llm(weights, decode_buckets=[4, 8], kernel_config=KernelConfig(resident_plan=False))
     assert [o.outputs[0].token_ids for o in fresh.generate(prompts, GREEDY, use_tqdm=False)] == reference
@@ -427,7 +427,7 @@ def test_resident_plan_is_written_only_when_it_changes(weights, prompts, referen
     from jaxspec.engine.model_runner import _equal
 
     llm = make_llm(weights, decode_buckets=[1, 4, 8])
-    held = dict(llm.llm_engine.runner._plans_held)
+    held = {key: plan for key, (_, plan) in llm.llm_engine.runner._plans.items()}
     placed, written = _watch_plans(llm, monkeypatch)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference

@@ -94,8 +94,7 @@ def fixed_parts(rows: list[tuple[int, ...]], width: int, size: int, fill) -> Ite
 
 def _equal(held: tuple[np.ndarray, ...], plan: tuple[np.ndarray, ...]) -> bool:
     """Whether two plans (tuples of host arrays) hold the same arrays: shapes, dtypes and values."""
-    return len(held) == len(plan) and all(
-        a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(held, plan))
+    return len(held) == len(plan) and all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(held, plan))
 
 
 def pick_bucket(buckets: list[int], n: int) -> int:
@@ -158,11 +157,10 @@ class ModelRunner:
         self._local = jax.process_count() > 1
         self._called: set[tuple] = set()  # (step, bucket, k, mode) of the programs called so far
         self._precompiled: set[tuple] = set()  # of those keys, the ones compile_all compiled (and logged)
-        # (step, bucket) -> the device buffers its plan arrays are written into (KernelConfig.resident_plan; one
-        # device only: under a mesh the arrays go to each call as they are), and host copies of what they hold
+        # (step, bucket) -> (the device buffers its plan arrays are written into, host copies of what they hold)
+        # (KernelConfig.resident_plan; one device only: under a mesh the arrays go to each call as they are)
         self._resident = target_cfg.kernel.resident_plan and mesh is None
-        self._plans: dict[tuple[str, int], tuple[jax.Array, ...]] = {}
-        self._plans_held: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
+        self._plans: dict[tuple[str, int], tuple[tuple[jax.Array, ...], tuple[np.ndarray, ...]]] = {}
         # each program's calls alternate between two output buffers, (program key, 0 or 1) -> the buffer that call
         # writes `out` over; on a GPU (one device) between two executables as well (KernelConfig.twin_programs).
         # A buffer is written again two calls of its program later: the engine has read its output by then.
@@ -192,8 +190,8 @@ class ModelRunner:
             self.caches = self._new_caches()
             if self._shardings is None:
                 self.caches = jax.device_put(self.caches, jax.local_devices()[0])
-        self._plans = {key: plan for key, plan in self._plans.items() if not any(a.is_deleted() for a in plan)}
-        self._plans_held = {key: held for key, held in self._plans_held.items() if key in self._plans}
+        self._plans = {key: (buffers, held) for key, (buffers, held) in self._plans.items()
+                       if not any(a.is_deleted() for a in buffers)}
         self._outputs = {key: out for key, out in self._outputs.items() if not out.is_deleted()}
         if any(x.is_deleted() for x in jax.tree.leaves(self.state)):
             self.state = self._new_state()
@@ -227,13 +225,13 @@ class ModelRunner:
         if not self._resident:
             return plan
         key = (step.__name__, size)
-        buffers = self._plans.get(key)
-        if buffers is not None and _equal(self._plans_held[key], plan):
+        buffers, held = self._plans.get(key, (None, None))
+        if buffers is not None and _equal(held, plan):
             return buffers
         if buffers is None:
             buffers = jax.device_put(tuple(np.zeros_like(a) for a in plan), jax.local_devices()[0])
-        self._plans[key] = buffers = plan_program(buffers, plan)
-        self._plans_held[key] = tuple(np.array(a) for a in plan)  # copies: the caller's arrays may change
+        buffers = plan_program(buffers, plan)
+        self._plans[key] = buffers, tuple(np.array(a) for a in plan)  # copies: the caller's arrays may change
         return buffers
 
     @staticmethod
