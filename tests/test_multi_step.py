@@ -51,15 +51,17 @@ def result(o) -> tuple:
     return tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason, c.logprobs and list(c.logprobs)
 
 
-@pytest.mark.parametrize("method", [None, "eagle", "eagle3"])
-@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
-def test_multi_step_equals_single_steps(setup, trained_heads, method, sampling, monkeypatch):
+@pytest.mark.parametrize("method,sampling,layer_loop", [(m, s, "scan") for m in (None, "eagle", "eagle3")
+                                                      for s in ("greedy", "seeded")] + [("eagle", "seeded", "unroll")])
+def test_multi_step_equals_single_steps(setup, trained_heads, method, sampling, layer_loop, monkeypatch):
+    """With scanned layers (the CPU's default) the device loop is a loop; with unrolled ones (the GPU's) it is
+    unrolled too (multi_decode_step)."""
     weights, tokenizer, prompts, outs = setup
     spec = None if method is None else {"method": method, "model": str(trained_heads[method].path),
                                         "num_speculative_tokens": 2}
     params = params_for(sampling, outs)
     # none waits: blocks at once; one bucket (fewer programs to compile: padding rows change no output)
-    kw = dict(speculative_config=spec, max_num_seqs=16, decode_buckets=[16])
+    kw = dict(speculative_config=spec, max_num_seqs=16, decode_buckets=[16], layer_loop=layer_loop)
     single = make_llm(weights, tokenizer, **kw)
     multi = make_llm(weights, tokenizer, num_scheduler_steps=STEPS, **kw)
     blocks = []  # (the sequences' output lengths before, the block's count columns [M, B]) of each block
