@@ -21,6 +21,7 @@ run warm "" 1 $B1 --max-tokens 64
 # the same greedy tokens with W (random weights and head, the target's own acceptance)
 PYTHONPATH=. timeout 120 python3 $S/same.py $OUT/r/same-m4.json 4 > $OUT/r/same-m4.log 2>&1; tail -1 $OUT/r/same-m4.log
 XLA_FLAGS="$W" PYTHONPATH=. timeout 120 python3 $S/same.py $OUT/r/same-m4w.json 4 > $OUT/r/same-m4w.log 2>&1; tail -1 $OUT/r/same-m4w.log
+# JAXSPEC_GRAPH_LOOPS: a draft KernelConfig field passing the same types per program (not landed; unset, it is the default)
 JAXSPEC_GRAPH_LOOPS=1 PYTHONPATH=. timeout 120 python3 $S/same.py $OUT/r/same-m4k.json 4 > $OUT/r/same-m4k.log 2>&1; tail -1 $OUT/r/same-m4k.log
 for o in m4w m4k; do
   python3 -c "import json,sys; a,b=(json.load(open(sys.argv[i])) for i in (1,2)); print('identical', sys.argv[2], a==b, sum(x==y for x,y in zip(a,b)), '/', len(a))" $OUT/r/same-m4.json $OUT/r/same-$o.json
