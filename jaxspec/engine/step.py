@@ -322,7 +322,8 @@ def multi_decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: 
     row = jnp.minimum(slots, S)
     ended = (state.seq_len[row] >= max_len) | jnp.any((state.tokens[row, :1] == stop_ids) & (stop_ids >= 0), axis=1)
     # unrolled with the layers: in a device loop XLA copies every layer's weights out of the stacked arrays at
-    # every step (a slice its GEMM fusions take whole in straight-line code), ~0.2 ms a step for SmolLM2
+    # every step (a slice its GEMM fusions take whole in straight-line code): 0.26 of 1.45 ms a step, SmolLM2
+    # shapes, EAGLE k = 3, batch 1, an H100
     (caches, state, _), outs = jax.lax.scan(body, (caches, state, (slots < S) & ~ended), None, length=spec.num_steps,
                                             unroll=spec.target.layer_loop == "unroll")
     return caches, state, outs
