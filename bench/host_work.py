@@ -1,6 +1,7 @@
 """Host work per engine step (scheduling, dispatch, output handling): what async scheduling must hide.
 
-    python bench/host_work.py --batch 96 --k 3 [--logprobs 5] [--presence-penalty 0.5] [--numpy-device] [--profile]
+    python bench/host_work.py --batch 96 --k 3 [--logprobs 5] [--presence-penalty 0.5] [--numpy-device]
+        [--num-scheduler-steps 4] [--profile]
 
 A 2-layer Llama with SmolLM2's vocabulary and tokenizer (random weights, so the device step is short and the
 host's share shows), a random EAGLE-1 head at synthetic acceptance 0.7, greedy, EOS ignored. Host work =
@@ -56,9 +57,13 @@ def main() -> None:
     ap.add_argument("--logprobs", type=int, metavar="N", help="top-N logprobs per output token")
     ap.add_argument("--presence-penalty", type=float, default=0.0)
     ap.add_argument("--numpy-device", action="store_true", help="numpy outputs in place of the device calls")
+    ap.add_argument("--num-scheduler-steps", type=int, default=1, help="decode steps a dispatch (not with "
+                    "--numpy-device: its outputs are single steps)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    if args.numpy_device and args.num_scheduler_steps > 1:
+        ap.error("--numpy-device makes single steps' outputs: leave --num-scheduler-steps at 1")
 
     hf = resolve_model(presets.DEFAULT_PRESET).hf_dir
     spec = {"method": "eagle", "model": "-", "num_speculative_tokens": args.k} if args.k else None
@@ -66,7 +71,7 @@ def main() -> None:
     llm = LLM.from_weights(dummy_config(model_dir, "float32"), None, tokenizer=model_dir, load_format="dummy",
                            speculative_config=spec, synthetic_acceptance=0.7 if args.k else None,
                            max_num_seqs=args.batch, max_model_len=512, decode_buckets=[args.batch],
-                           prefill_buckets=[256, 2048], warmup=False)
+                           prefill_buckets=[256, 2048], num_scheduler_steps=args.num_scheduler_steps, warmup=False)
     if args.numpy_device:
         numpy_device(llm.llm_engine.runner, args.batch)
     prompts = np.random.default_rng(0).integers(0, 49152, (args.batch, 32)).tolist()
@@ -95,7 +100,8 @@ def main() -> None:
     work, wall, steps, call = sorted(runs)[len(runs) // 2]
     options = (f", logprobs {args.logprobs}" * (args.logprobs is not None)
                + f", presence_penalty {args.presence_penalty}" * bool(args.presence_penalty)
-               + ", numpy device" * args.numpy_device)
+               + ", numpy device" * args.numpy_device
+               + f", {args.num_scheduler_steps} steps a dispatch" * (args.num_scheduler_steps > 1))
     print(f"batch {args.batch}, k {args.k}{options}: host work {work:.3f} ms/step (median of {len(runs)}; least "
           f"{min(runs)[0]:.3f}), wall {wall:.3f} ms/step, the whole generate call {call:.3f} ms/step, {steps} steps "
           f"({time.strftime('%Y-%m-%d')}); runs in order: " + ", ".join(f"{w:.3f}" for w, *_ in runs))

@@ -39,8 +39,10 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
                max_model_len: int | None = None, pool_scale: float = 1.0, profile_dir: str | None = None,
                page_size: int = 16, sampling: SamplingParams | None = None, num_steps: int = 1,
                breakdown: bool = False) -> dict:
-    dispatches = (iters + 8) * (3 if profile_dir else 1) + (3 * (iters + 2) if breakdown else 0)
-    need = context + dispatches * num_steps * (k + 1) + 2 * k + 16
+    # each timing call starts every row at `context` again: the most steps one runs (decode_step_time's three
+    # rounds, each rounded up to whole dispatches; the breakdown's three dispatches a round)
+    steps = max(iters + 13 + 3 * (num_steps - 1), 3 * (iters + 2) * num_steps if breakdown else 0)
+    need = context + steps * (k + 1) + 2 * k + 16
     ec = EngineConfig(max_model_len=max(need, max_model_len or 0), max_num_seqs=B, page_size=page_size,
                       decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,
                       speculative=SpeculativeConfig("eagle", "-", k) if k else None, num_scheduler_steps=num_steps)
@@ -53,7 +55,7 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
     parts = dispatch_breakdown(runner, B, context, iters, multi) if breakdown else None
     kernels = profile_steps(runner, B, context, iters, profile_dir, multi) if profile_dir else None
     costs = step_costs(cfg, w, dcfg, dw, k)
-    mean_context = context + iters * num_steps * (k + 1) / 2
+    mean_context = context + iters * (k + 1) / 2  # iters steps, whatever the steps a dispatch
     # per step: a dispatch of num_steps steps counts num_steps times
     return {"batch": B, "k": k, "context": context, "num_steps": num_steps, "pool_pages": ec.num_pages,
             "step_s": timing.pipelined_s / num_steps, "step_blocking_s": timing.blocking_s / num_steps,

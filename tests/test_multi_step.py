@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from jaxspec import SamplingParams
+from jaxspec.bench.engine import decode_step_time
 from jaxspec.engine.sequence import Sequence
 from tests.tiny import CHARS, compiles, make_llm, random_prompts, tiny_weights, write_char_tokenizer
 
@@ -141,6 +143,18 @@ def test_warmup_compiles_the_multi_step_programs(setup):
                                    for i in range(6)], use_tqdm=False)
     assert compiled == [] and llm.get_metrics()["num_dispatches"] < llm.get_metrics()["num_steps"]
 
+
+def test_step_timing_counts_steps_not_dispatches(setup):
+    """bench's decode_step_time with multi-step dispatches runs about as many steps as with single ones, so the
+    rows reach the same contexts and the per-step times compare (every row grows by one token a step here)."""
+    weights, *_ = setup
+    context, run = 16, {}
+    for m in (1, STEPS):
+        runner = make_llm(weights, num_scheduler_steps=m).llm_engine.runner
+        timing = decode_step_time(runner, 2, context, iters=6, multi=m > 1)
+        run[m] = timing.num_steps * m, int(np.asarray(runner.state.seq_len)[0]) - context
+    assert run[1] == (15, 15)  # 3 warm-up, 6 timed, 6 read one at a time
+    assert run[STEPS][0] == run[STEPS][1] and 0 <= run[STEPS][0] - run[1][0] < 3 * STEPS
 
 
 def test_multi_step_under_tensor_parallelism(setup):

@@ -169,10 +169,14 @@ def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = Fal
     the async engine keeps the device busy; dispatches read one at a time; and the host's time to dispatch one
     onto an idle device (building its arrays and launching its kernels), which the engine must spend per dispatch
     besides its own scheduling: a step whose device time is below it is host-bound however the host is scheduled.
-    `multi`: each dispatch runs runner.cfg.num_scheduler_steps steps (multi_decode_step, no row stops)."""
+    `multi`: each dispatch runs runner.cfg.num_scheduler_steps (M) steps (multi_decode_step, no row stops), and
+    `iters` (the warm-up and blocking rounds too) counts steps, so about iters / M dispatches: every row grows at
+    each step, and with as many dispatches as single steps a 4-step run attended over contexts four times longer
+    (jaxspec_paged_attention 0.145 against 0.101 ms a step, bench/results/20261207-unrolled-steps/)."""
     slots, tables = _timing_batch(runner, B, context)
     stops = no_stops(B) if multi else None
-    warmup, blocking = 3, min(iters, 10)
+    per = runner.cfg.num_scheduler_steps if multi else 1
+    warmup, iters, blocking = (-(-n // per) for n in (3, iters, min(iters, 10)))
     for _ in range(warmup):
         out = runner.decode(slots, tables, None, stops)
     np.asarray(out)

@@ -135,7 +135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--hf-timeout", type=float, default=300.0)
     s.add_argument("--profile-dir", help="trace one run per mode and scheduling; report device busy fraction")
     s.add_argument("--profile-prompts", type=int, help="default: the largest prompt count")
-    s.add_argument("--profile-max-tokens", type=int, default=64)
+    s.add_argument("--profile-max-tokens", type=int,
+                   help="default: --max-tokens, so that the busy fraction is the timed runs' (a shorter run weighs "
+                        "the prefill and the tail more)")
     s.add_argument("--profile-repeats", type=int, default=5,
                    help="untraced generate calls, back to back, while NVML samples the GPU's busy fraction")
     s.add_argument("--measure-bandwidth", action="store_true", help="time a large device copy (TB/s)")
