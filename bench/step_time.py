@@ -26,7 +26,8 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxspec.bench.data import load_hf_config  # noqa: E402
-from jaxspec.bench.engine import decode_step_time, dispatch_breakdown, env_knobs, step_costs  # noqa: E402
+from jaxspec.bench.engine import (decode_step_time, dispatch_breakdown, env_knobs, step_costs,  # noqa: E402
+                                  timing_rounds)
 from jaxspec.bench.report import floors, measure_bandwidth, measure_matmul, step_bytes, step_flops  # noqa: E402
 from jaxspec.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from jaxspec.engine.model_runner import ModelRunner  # noqa: E402
@@ -39,9 +40,9 @@ def time_batch(cfg: llama.Config, w, dcfg, dw, B: int, context: int, k: int, ite
                max_model_len: int | None = None, pool_scale: float = 1.0, profile_dir: str | None = None,
                page_size: int = 16, sampling: SamplingParams | None = None, num_steps: int = 1,
                breakdown: bool = False) -> dict:
-    # each timing call starts every row at `context` again: the most steps one runs (decode_step_time's three
-    # rounds, each rounded up to whole dispatches; the breakdown's three dispatches a round)
-    steps = max(iters + 13 + 3 * (num_steps - 1), 3 * (iters + 2) * num_steps if breakdown else 0)
+    # each timing call starts every row at `context` again: the most steps one runs (decode_step_time's rounds;
+    # the breakdown's three dispatches a round)
+    steps = max(sum(timing_rounds(iters, num_steps)) * num_steps, 3 * (iters + 2) * num_steps if breakdown else 0)
     need = context + steps * (k + 1) + 2 * k + 16
     ec = EngineConfig(max_model_len=max(need, max_model_len or 0), max_num_seqs=B, page_size=page_size,
                       decode_buckets=[B], prefill_buckets=[16], max_num_batched_tokens=16,

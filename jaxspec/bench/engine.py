@@ -164,6 +164,12 @@ def no_stops(B: int) -> np.ndarray:
     return stops
 
 
+def timing_rounds(iters: int, steps_per_dispatch: int = 1) -> tuple[int, int, int]:
+    """decode_step_time's dispatches: warm-up, timed back to back, read one at a time. Each round counts steps
+    (3, iters, up to 10), rounded up to whole dispatches of `steps_per_dispatch` steps."""
+    return tuple(-(-n // steps_per_dispatch) for n in (3, iters, min(iters, 10)))
+
+
 def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = False) -> DecodeTiming:
     """Seconds per decode dispatch at batch B with every slot at `context` tokens: dispatches back to back, as
     the async engine keeps the device busy; dispatches read one at a time; and the host's time to dispatch one
@@ -175,8 +181,7 @@ def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = Fal
     (jaxspec_paged_attention 0.145 against 0.101 ms a step, bench/results/20261207-unrolled-steps/)."""
     slots, tables = _timing_batch(runner, B, context)
     stops = no_stops(B) if multi else None
-    per = runner.cfg.num_scheduler_steps if multi else 1
-    warmup, iters, blocking = (-(-n // per) for n in (3, iters, min(iters, 10)))
+    warmup, iters, blocking = timing_rounds(iters, runner.cfg.num_scheduler_steps if multi else 1)
     for _ in range(warmup):
         out = runner.decode(slots, tables, None, stops)
     np.asarray(out)
