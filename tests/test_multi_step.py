@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxspec import SamplingParams
-from jaxspec.bench.engine import decode_step_time
+from jaxspec.bench.engine import decode_step_time, timing_rounds
 from jaxspec.engine.sequence import Sequence
 from tests.tiny import CHARS, compiles, make_llm, random_prompts, tiny_weights, write_char_tokenizer
 
@@ -155,6 +155,14 @@ def test_step_timing_counts_steps_not_dispatches(setup):
         run[m] = timing.num_steps * m, int(np.asarray(runner.state.seq_len)[0]) - context
     assert run[1] == (15, 15)  # 3 warm-up, 6 timed, 6 read one at a time
     assert run[STEPS][0] == run[STEPS][1] and 0 <= run[STEPS][0] - run[1][0] < 3 * STEPS
+
+
+def test_step_timing_warms_up_both_twin_executables():
+    """Each program's twin executables compile at their first calls, so decode_step_time warms up with at least two
+    dispatches whatever their steps (a 4-step run's single warm-up dispatch left a compile in the timed round)."""
+    for m in (1, 2, STEPS, 8):
+        warmup, timed, blocking = timing_rounds(32, m)
+        assert warmup >= 2 and timed * m >= 32 > (timed - 1) * m and blocking * m >= 10
 
 
 def test_multi_step_under_tensor_parallelism(setup):
