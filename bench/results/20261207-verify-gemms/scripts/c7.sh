@@ -1,8 +1,10 @@
 # call 7 (issue 19, for the next GPU session): (a) why multi-step dispatches back to back leave the device idle
 # (call 6: plain, 1.262 / 1.543 ms a step at M = 4 / 8 against 0.823 single): bench/step_time.py plain at batch 1, M = 1
-# and 8, as is, with twin executables off (JAXSPEC_TWIN_PROGRAMS=0: one graph, relaunched), and with XLA's command
-# buffers off (no graphs: kernels launched one by one); (b) what the batch-1 EAGLE step's fusions hold
-# (hlo_fusions.py over its optimized HLO: the pad / multiply / transpose fusions, the 62 scatters and 62 others).
+# and 8, as is, with twin executables off (JAXSPEC_TWIN_PROGRAMS=0: one graph, relaunched), with the stable scratch
+# off (JAXSPEC_STABLE_SCRATCH=0: no VA remapping of the scratch buffer at each launch, the graph updated instead),
+# and with XLA's command buffers off (no graphs: kernels launched one by one); (b) what the batch-1 EAGLE step's
+# fusions hold (hlo_fusions.py over its optimized HLO: the pad / multiply / transpose fusions, the 62 scatters and
+# 62 others).
 # Random SmolLM2 weights, one process each.
 set -u
 export PYTHONUNBUFFERED=1
@@ -10,10 +12,11 @@ S=bench/results/20261207-verify-gemms/scripts
 mkdir -p $OUT/r
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
 ST="bench/step_time.py --hf-config smollm2-135m --context 256 --iters 32 --batches 1"
-for v in default twins-off graphs-off; do
+for v in default twins-off scratch-off graphs-off; do
   case $v in
     default) env="";;
     twins-off) env="JAXSPEC_TWIN_PROGRAMS=0";;
+    scratch-off) env="JAXSPEC_STABLE_SCRATCH=0";;
     graphs-off) env="XLA_FLAGS=--xla_gpu_enable_command_buffer=";;
   esac
   for m in 1 8; do
