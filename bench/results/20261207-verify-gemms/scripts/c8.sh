@@ -1,6 +1,6 @@
-# call 8 (issue 19, for the next GPU session, after c7.sh): if the stable scratch's VA remapping is what stalls
-# multi-step dispatches (as a recent XLA's source reads, a launch waits on the program's previous unmap event before
-# it remaps the scratch), the engine's busy fraction with 4 steps a dispatch should rise with it off. EAGLE k = 3,
+# call 8 (issue 19, for the next GPU session, after c7.sh): if the stable scratch (the program's scratch buffer kept
+# as a persistent allocation, so its CUDA graphs are not updated) is what stalls multi-step dispatches back to back,
+# the engine's busy fraction with 4 steps a dispatch should rise with it off. EAGLE k = 3,
 # synthetic 0.6, 24 and 96 prompts, max_tokens 256, M = 4 with JAXSPEC_STABLE_SCRATCH 1 and 0, M = 1 as is, NVML
 # busy over untraced runs as long as the timed ones. Random SmolLM2 weights, one process each.
 set -u
