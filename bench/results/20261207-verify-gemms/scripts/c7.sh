@@ -1,7 +1,7 @@
 # call 7 (issue 19, for the next GPU session): (a) why multi-step dispatches back to back leave the device idle
 # (call 6: plain, 1.262 / 1.543 ms a step at M = 4 / 8 against 0.823 single): bench/step_time.py plain at batch 1, M = 1
 # and 8, as is, with twin executables off (JAXSPEC_TWIN_PROGRAMS=0: one graph, relaunched), with the stable scratch
-# off (JAXSPEC_STABLE_SCRATCH=0: no VA remapping of the scratch buffer at each launch, the graph updated instead),
+# off (JAXSPEC_STABLE_SCRATCH=0: the scratch not kept as a persistent allocation; the graph updated when it moves),
 # and with XLA's command buffers off (no graphs: kernels launched one by one); (b) what the batch-1 EAGLE step's
 # fusions hold (hlo_fusions.py over its optimized HLO: the pad / multiply / transpose fusions, the 62 scatters and
 # 62 others).
