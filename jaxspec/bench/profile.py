@@ -10,8 +10,8 @@ device process: XLA's executor threads (`tf_XLA*`) stand in for it, which tests 
 The profiler slows the host down (less so with the options below), so host time per step is taken from the timed,
 unprofiled runs; the profiled run's own per-step numbers are reported as well, marked as profiled. It also changes
 what the host does: traced, XLA updated a step program's CUDA graphs after each plan write (on an H100, ~1.0 ms for
-SmolLM2's 470-node EAGLE step, ~5.6 ms for its 4-step program), which untraced runs never do (its log: no update in
-243 launches; bench/results/20261207-verify-gemms/).
+SmolLM2's 470-node EAGLE step, ~5.6 ms for its 4-step program), which the same engine at batch 1 untraced never did
+(XLA's log: no update in 243 launches; bench/results/20261207-verify-gemms/).
 
 The tracer costs the host per kernel launch, and once a step is shorter than the host's traced work, the traced
 run is host-bound and reports the profiler's busy fraction, not the engine's. So the same generate is also run
