@@ -157,6 +157,36 @@ def test_step_timing_counts_steps_not_dispatches(setup):
     assert run[STEPS][0] == run[STEPS][1] and 0 <= run[STEPS][0] - run[1][0] < 3 * STEPS
 
 
+def test_step_timing_reads_each_output_before_its_buffer_comes_back(setup):
+    """decode_step_time reads every dispatch's output, and back to back reads each one before the dispatch two
+    later (which, with twin buffers, writes over it) is made, as the async engine does."""
+    weights, *_ = setup
+    runner = make_llm(weights, num_scheduler_steps=STEPS).llm_engine.runner
+    events, decode = [], runner.decode
+
+    class Watched:
+        def __init__(self, out, i):
+            self.out, self.i = out, i
+
+        def __array__(self, dtype=None, copy=None):
+            events.append(("read", self.i))
+            return np.asarray(self.out, dtype)
+
+    def watched_decode(*args):
+        i = sum(kind == "dispatch" for kind, _ in events)
+        events.append(("dispatch", i))
+        return Watched(decode(*args), i)
+
+    runner.decode = watched_decode
+    for multi in (False, True):
+        events.clear()
+        timing = decode_step_time(runner, 2, 16, iters=6, multi=multi)
+        at = {event: n for n, event in enumerate(events)}
+        assert sum(kind == "dispatch" for kind, _ in events) == timing.num_steps
+        for i in range(timing.num_steps):
+            assert ("read", i) in at and (("dispatch", i + 2) not in at or at[("read", i)] < at[("dispatch", i + 2)])
+
+
 def test_step_timing_warms_up_both_twin_executables():
     """Each program's twin executables compile at their first calls, so decode_step_time warms up with at least two
     dispatches whatever their steps (a 4-step run's single warm-up dispatch left a compile in the timed round)."""

@@ -175,7 +175,9 @@ def timing_rounds(iters: int, steps_per_dispatch: int = 1) -> tuple[int, int, in
 
 def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = False) -> DecodeTiming:
     """Seconds per decode dispatch at batch B with every slot at `context` tokens: dispatches back to back, as
-    the async engine keeps the device busy; dispatches read one at a time; and the host's time to dispatch one
+    the async engine keeps the device busy, each output read once the next dispatch is queued (as the engine reads
+    it: an output left unread may still be on its way to the host when its buffer is donated to the dispatch two
+    later, ModelRunner's twin buffers); dispatches read one at a time; and the host's time to dispatch one
     onto an idle device (building its arrays and launching its kernels), which the engine must spend per dispatch
     besides its own scheduling: a step whose device time is below it is host-bound however the host is scheduled.
     `multi`: each dispatch runs runner.cfg.num_scheduler_steps (M) steps (multi_decode_step, no row stops), and
@@ -186,14 +188,16 @@ def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = Fal
     stops = no_stops(B) if multi else None
     warmup, iters, blocking = timing_rounds(iters, runner.cfg.num_scheduler_steps if multi else 1)
     for _ in range(warmup):
-        out = runner.decode(slots, tables, None, stops)
-    np.asarray(out)
+        np.asarray(runner.decode(slots, tables, None, stops))
     t0 = time.perf_counter()
-    busy = 0.0
+    busy, last = 0.0, None
     for _ in range(iters):
         t1 = time.perf_counter()
         out = runner.decode(slots, tables, None, stops)
         busy += time.perf_counter() - t1
+        if last is not None:
+            np.asarray(last)  # the previous dispatch's output, read once the next is queued, as the async engine does
+        last = out
     np.asarray(out)
     pipelined = (time.perf_counter() - t0) / iters
     dispatch = 0.0
