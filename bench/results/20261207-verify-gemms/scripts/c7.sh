@@ -1,5 +1,6 @@
 # call 7 (issue 19, for the next GPU session): (a) why multi-step dispatches back to back are slower than single steps
-# (call 6: plain, 1.262 / 1.543 ms a step at M = 4 / 8 against 0.823 single): bench/step_time.py plain at batch 1, M = 1
+# (call 6: plain, 1.262 / 1.543 ms a step at M = 4 / 8 against 0.823 single; its rounds read no output until they
+# ended, which d5e6086 changed to the engine's way): bench/step_time.py plain at batch 1, M = 1
 # and 8, as is, with twin executables off (JAXSPEC_TWIN_PROGRAMS=0: one graph, relaunched), with the stable scratch
 # off (JAXSPEC_STABLE_SCRATCH=0: the scratch not kept as a persistent allocation; the graph updated when it moves),
 # and with XLA's command buffers off (no graphs: kernels launched one by one); (b) what the batch-1 EAGLE step's
