@@ -15,7 +15,7 @@ from jaxspec.config import SpeculativeConfig
 from jaxspec.engine import spec_policy
 from jaxspec.engine.sampler import rejection_sample
 from jaxspec.engine.spec_policy import DynamicPolicy, SpecPolicy, TablePolicy
-from tests.tiny import compiles, make_llm, random_prompts, tiny_weights
+from tests.tiny import compiles, make_llm, random_prompts, read_before_reuse, tiny_weights, watch_reads
 
 K = 3
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -89,6 +89,17 @@ def test_dynamic_policy_runs_and_reports_its_choices(weights, prompts, trained_h
 
 def _times(buckets, cost_per_k):
     return {(B, k): 1.0 + cost_per_k * k for B in buckets for k in range(K + 1)}
+
+
+def test_step_time_model_reads_each_output_as_the_engine_does(weights):
+    """The dynamic policy's step times (ModelRunner.time_decode) come from steps dispatched back to back with every
+    output read, each before the step two later (which, with twin buffers, writes over it), as the async engine
+    reads them."""
+    runner = make_llm(weights, max_num_seqs=4, decode_buckets=[4]).llm_engine.runner
+    events = watch_reads(runner, "_run")
+    times = runner.time_decode([0], iters=4)
+    assert set(times) == {(4, 0)} and times[(4, 0)] > 0
+    assert sum(kind == "dispatch" for kind, _ in events) == 6 and read_before_reuse(events)
 
 
 def test_dynamic_policy_follows_the_acceptance_it_observes():

@@ -13,7 +13,8 @@ import pytest
 from jaxspec import SamplingParams
 from jaxspec.bench.engine import decode_step_time, timing_rounds
 from jaxspec.engine.sequence import Sequence
-from tests.tiny import CHARS, compiles, make_llm, random_prompts, tiny_weights, write_char_tokenizer
+from tests.tiny import (CHARS, compiles, make_llm, random_prompts, read_before_reuse, tiny_weights, watch_reads,
+                        write_char_tokenizer)
 
 STEPS = 4
 
@@ -162,29 +163,11 @@ def test_step_timing_reads_each_output_before_its_buffer_comes_back(setup):
     later (which, with twin buffers, writes over it) is made, as the async engine does."""
     weights, *_ = setup
     runner = make_llm(weights, num_scheduler_steps=STEPS).llm_engine.runner
-    events, decode = [], runner.decode
-
-    class Watched:
-        def __init__(self, out, i):
-            self.out, self.i = out, i
-
-        def __array__(self, dtype=None, copy=None):
-            events.append(("read", self.i))
-            return np.asarray(self.out, dtype)
-
-    def watched_decode(*args):
-        i = sum(kind == "dispatch" for kind, _ in events)
-        events.append(("dispatch", i))
-        return Watched(decode(*args), i)
-
-    runner.decode = watched_decode
+    events = watch_reads(runner, "decode")
     for multi in (False, True):
         events.clear()
         timing = decode_step_time(runner, 2, 16, iters=6, multi=multi)
-        at = {event: n for n, event in enumerate(events)}
-        assert sum(kind == "dispatch" for kind, _ in events) == timing.num_steps
-        for i in range(timing.num_steps):
-            assert ("read", i) in at and (("dispatch", i + 2) not in at or at[("read", i)] < at[("dispatch", i + 2)])
+        assert sum(kind == "dispatch" for kind, _ in events) == timing.num_steps and read_before_reuse(events)
 
 
 def test_step_timing_warms_up_both_twin_executables():

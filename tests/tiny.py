@@ -130,6 +130,46 @@ def compiles() -> Iterator[list[str]]:
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+class _Watched:
+    """A call's output that logs when the host reads it (np.asarray)."""
+
+    def __init__(self, out, i: int, events: list):
+        self.out, self.i, self.events = out, i, events
+
+    def __array__(self, dtype=None, copy=None):
+        self.events.append(("read", self.i))
+        return np.asarray(self.out, dtype)
+
+    def block_until_ready(self):
+        jax.block_until_ready(self.out)
+        return self
+
+
+def watch_reads(obj, name: str) -> list[tuple[str, int]]:
+    """Replace obj.<name> (a method that dispatches device work and returns its output) by one that logs
+    ("dispatch", i) at its i-th call and ("read", i) when that call's output is read on the host: the order in which
+    a benchmark reads the outputs of the dispatches it makes. Returns the log."""
+    events: list[tuple[str, int]] = []
+    call = getattr(obj, name)
+
+    def watched(*args, **kwargs):
+        i = sum(kind == "dispatch" for kind, _ in events)
+        events.append(("dispatch", i))
+        return _Watched(call(*args, **kwargs), i, events)
+
+    setattr(obj, name, watched)
+    return events
+
+
+def read_before_reuse(events: list[tuple[str, int]]) -> bool:
+    """Whether every output in a watch_reads log was read, each before the dispatch two later (which, with twin
+    output buffers, writes over it) was made."""
+    at = {event: n for n, event in enumerate(events)}
+    dispatches = sum(kind == "dispatch" for kind, _ in events)
+    return all(("read", i) in at and (("dispatch", i + 2) not in at or at[("read", i)] < at[("dispatch", i + 2)])
+               for i in range(dispatches))
+
+
 def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab: int = TINY.vocab_size) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, int(rng.integers(lo, hi + 1))).tolist() for _ in range(n)]

@@ -464,8 +464,10 @@ class ModelRunner:
 
     def time_decode(self, k_values: list[int], iters: int = 8) -> dict[tuple[int, int], float]:
         """Seconds per decode step for each (bucket, k), greedy, steps dispatched back to back as the async engine
-        runs them (host dispatch included): the step-time model of the dynamic speculation policy. Compiles what it
-        times. The rows are padding, so attention reads no context: at long contexts real steps are slower."""
+        runs them (host dispatch included; each output read once the next step is queued, as the engine reads it,
+        before its buffer goes back to the step two later): the step-time model of the dynamic speculation policy.
+        Compiles what it times. The rows are padding, so attention reads no context: at long contexts real steps
+        are slower."""
         times = {}
         greedy = decode_mode(ALL_KINDS[0])
         self.compile_all([(decode_step, B, self._specs[(k, greedy)], self._idle_decode(B))
@@ -473,13 +475,15 @@ class ModelRunner:
         for B in self.cfg.decode_buckets:
             for k in k_values:
                 spec = self._specs[(k, greedy)]
-                out = None
-                for _ in range(2):  # compile, then a warm run
-                    out = self._run(decode_step, B, spec, *self._idle_decode(B))
-                jax.block_until_ready(out)
+                for _ in range(2):  # each twin's first call
+                    np.asarray(self._run(decode_step, B, spec, *self._idle_decode(B)))
                 t0 = time.perf_counter()
+                last = None
                 for _ in range(iters):
                     out = self._run(decode_step, B, spec, *self._idle_decode(B))
-                jax.block_until_ready(out)
+                    if last is not None:
+                        np.asarray(last)
+                    last = out
+                np.asarray(out)
                 times[(B, k)] = (time.perf_counter() - t0) / iters
         return times
