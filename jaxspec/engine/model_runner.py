@@ -475,7 +475,7 @@ class ModelRunner:
         for B in self.cfg.decode_buckets:
             for k in k_values:
                 spec = self._specs[(k, greedy)]
-                for _ in range(2):  # each twin's first call
+                for _ in range(2):  # warm: each twin executable's first call (or one executable's first two)
                     np.asarray(self._run(decode_step, B, spec, *self._idle_decode(B)))
                 t0 = time.perf_counter()
                 last = None
