@@ -6,10 +6,10 @@ Random weights of the given shape (bf16), every slot at `--context` tokens, plai
 verify+draft step with an EAGLE-1 head (`--k`). `--sampling` gives every row the same SamplingParams (JSON, e.g.
 '{"logprobs": 5, "presence_penalty": 0.5}'), so the step runs the variant such a batch runs (default greedy).
 Steps are dispatched back to back (the engine's async mode keeps the device this busy), each output read once the
-next dispatch is queued as the engine reads it, and timed over `--iters` after a warm-up. The floor is the throughput roofline's
-(jaxspec/bench/report.py), the larger of the bytes a step reads (every weight it multiplies by, not the embedding
-table: a lookup reads B rows; every cached K/V once) over the measured copy bandwidth and the FLOPs it computes
-over the measured bf16 matmul rate.
+next dispatch is queued as the engine reads it, and timed over `--iters` after a warm-up. The floor is the
+throughput roofline's (jaxspec/bench/report.py), the larger of the bytes a step reads (every weight it multiplies
+by, not the embedding table: a lookup reads B rows; every cached K/V once) over the measured copy bandwidth and the
+FLOPs it computes over the measured bf16 matmul rate.
 """
 
 from __future__ import annotations

@@ -140,10 +140,6 @@ class _Watched:
         self.events.append(("read", self.i))
         return np.asarray(self.out, dtype)
 
-    def block_until_ready(self):
-        jax.block_until_ready(self.out)
-        return self
-
 
 def watch_reads(obj, name: str) -> list[tuple[str, int]]:
     """Replace obj.<name> (a method that dispatches device work and returns its output) by one that logs

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from jaxspec.engine.model_runner import back_to_back
 from jaxspec.engine.step import compiled, decode_step, multi_decode_step, prefill_step
 from jaxspec.llm import LLM
 from jaxspec.models import eagle, llama
@@ -189,17 +190,8 @@ def decode_step_time(runner, B: int, context: int, iters: int, multi: bool = Fal
     warmup, iters, blocking = timing_rounds(iters, runner.cfg.num_scheduler_steps if multi else 1)
     for _ in range(warmup):
         np.asarray(runner.decode(slots, tables, None, stops))
-    t0 = time.perf_counter()
-    busy, last = 0.0, None
-    for _ in range(iters):
-        t1 = time.perf_counter()
-        out = runner.decode(slots, tables, None, stops)
-        busy += time.perf_counter() - t1
-        if last is not None:
-            np.asarray(last)  # the previous dispatch's output, read once the next is queued, as the async engine does
-        last = out
-    np.asarray(out)
-    pipelined = (time.perf_counter() - t0) / iters
+    elapsed, busy = back_to_back(lambda: runner.decode(slots, tables, None, stops), iters)
+    pipelined = elapsed / iters
     dispatch = 0.0
     t0 = time.perf_counter()
     for _ in range(blocking):
