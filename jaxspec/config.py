@@ -174,6 +174,13 @@ class EngineConfig:
     # free pages stay plentiful): block tables, and so the plan arrays written to the device before a step, change
     # at one step in many instead of at nearly every step of a large batch (Scheduler._top_up); 0: pages as needed
     page_lookahead: int = 64
+    # ... and first, while the free pages cover it for every one of them, pages for each one's whole length (prompt +
+    # max_tokens, plus page_lookahead): block tables, and with them the step's plan, then stay put until sequences
+    # finish or join. A plan write made XLA update the CUDA graph of the next step or two (random SmolLM2, batch 1,
+    # EAGLE k = 3, an H100: ~1.4 ms an update with single steps, ~9 ms with 4 a dispatch, at every page_lookahead
+    # round). Pages taken ahead go back before a request would wait for pages, a cached page be evicted or a sequence
+    # be preempted (Scheduler._make_room). False: rounds of page_lookahead only
+    page_reserve_whole: bool = True
     # vLLM's automatic prefix caching (on by default there too): full prompt pages reused across requests
     enable_prefix_caching: bool = True
     # structured outputs: the device pool of constraint automata (engine/grammar.py), in states and transitions;
@@ -203,8 +210,9 @@ class EngineConfig:
         # (tens of seconds on a GPU with the unrolled layer loop)
         self.prefill_buckets = _trim(self.prefill_buckets or buckets_up_to(
             self.max_num_batched_tokens, min(16, self.max_num_batched_tokens), factor=4), self.max_num_batched_tokens)
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        for name in ("enable_prefix_caching", "page_reserve_whole"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.decode_buckets[-1] < self.max_num_seqs:
             raise ValueError(f"decode_buckets {self.decode_buckets} must reach max_num_seqs={self.max_num_seqs}")
         if self.prefill_buckets[-1] < self.max_num_batched_tokens:

@@ -73,7 +73,8 @@ class LLM:
         layer_loop="auto", max_prefill_seqs=8, warmup="auto", decode_buckets, prefill_buckets,
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, num_scheduler_steps=1 (decode steps
         per dispatch while nothing waits or prefills: multi-step decoding), page_lookahead=64 (positions of pages
-        given ahead to every decoding sequence when one needs a page: EngineConfig), enable_prefix_caching=True (vLLM's
+        given ahead to every decoding sequence when one needs a page: EngineConfig), page_reserve_whole=True (pages
+        for a sequence's whole length at once while half the pool stays free), enable_prefix_caching=True (vLLM's
         automatic prefix caching, jaxspec.engine.block_manager), generation_config="auto" and
         override_generation_config (the model's sampling defaults, jaxspec.generation_config),
         structured_outputs_config (jaxspec.structured_output.StructuredOutputsConfig; guided_decoding_backend: vLLM's
@@ -125,7 +126,7 @@ class LLM:
                prefill_buckets: list[int] | None = None, tensor_parallel_size: int = 1,
                draft_tensor_parallel_size: int | None = None, max_logprobs: int = 20,
                kernel_config: KernelConfig | None = None, num_scheduler_steps: int = 1, page_lookahead: int = 64,
-               enable_prefix_caching: bool | None = None,
+               page_reserve_whole: bool = True, enable_prefix_caching: bool | None = None,
                generation_config: str = "auto", override_generation_config: dict | None = None,
                structured_outputs_config: dict | None = None, guided_decoding_backend: str | None = None) -> None:
         loader.check_choice("load_format", load_format, loader.LOAD_FORMATS)
@@ -167,7 +168,7 @@ class LLM:
                            page_size=page_size, num_pages=num_pages, memory_fraction=memory_fraction, seed=seed,
                            max_logprobs=max_logprobs, speculative=spec, decode_buckets=decode_buckets or [],
                            prefill_buckets=prefill_buckets or [], num_scheduler_steps=num_scheduler_steps,
-                           page_lookahead=page_lookahead,
+                           page_lookahead=page_lookahead, page_reserve_whole=page_reserve_whole,
                            enable_prefix_caching=True if enable_prefix_caching is None else enable_prefix_caching,
                            grammar_states=structured.max_states, grammar_transitions=structured.max_transitions)
         cfg.num_pages = cfg.num_pages or self._size_kv_pool(cfg, target_cfg, draft_cfg, kv_cache_memory_bytes)

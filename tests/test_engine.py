@@ -477,6 +477,57 @@ def test_page_lookahead_takes_nothing_from_a_tight_pool(weights, prompts, refere
     assert runs[0] == runs[1] and runs[0][0] > 0
 
 
+def test_whole_length_pages_keep_the_plan_unchanged(weights, prompts, monkeypatch):
+    """With pages to spare, a decoding sequence that needs a page gets pages for its whole length at once
+    (page_reserve_whole): one prompt decoding 60 tokens writes its decode plan at most twice, against four or more
+    with rounds of page_lookahead (8) positions only; the outputs are the full-sequence loop's in both, and
+    every page goes back to the pool."""
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    want = [greedy_reference(weights, TINY, prompts[0], params.max_tokens)]
+    writes = {}
+    for whole in (True, False):
+        llm = make_llm(weights, page_lookahead=8, page_reserve_whole=whole)
+        placed, written = _watch_plans(llm, monkeypatch)
+        outs = llm.generate(prompts[:1], params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == want
+        assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
+        writes[whole] = sum(placed[i][0][0] == "decode_step" for i in written)
+    assert writes[True] <= 2 and writes[False] >= 4, writes
+
+
+def test_whole_length_pages_go_back_when_a_request_needs_them(weights):
+    """Pages a sequence took for its whole length go back once a new request needs them: A (10 prompt tokens, 100 to
+    generate) holds the 15 pages of its 110 tokens and 8 of lookahead in a pool of 40 (8 tokens each); B and C
+    (100-token prompts, 13 pages each, 26 against 25 free) then both start at the next step, without a preemption,
+    and every output equals the full-sequence loop's."""
+    llm = make_llm(weights, num_pages=40, page_lookahead=8, max_num_batched_tokens=256, max_prefill_seqs=2)
+    engine = llm.llm_engine
+    prompts = random_prompts(1, 10, 10, seed=7) + random_prompts(2, 100, 100, seed=8)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (100, 8, 8)]
+    final = {}
+
+    def step():
+        for out in engine.step():
+            final[out.request_id] = out
+
+    engine.add_request("a", prompts[0], params[0])
+    a = engine.requests["a"]
+    while len(a.output_token_ids) < 10:  # past its first two pages
+        step()
+    assert len(a.pages) == 15
+    engine.add_request("b", prompts[1], params[1])
+    engine.add_request("c", prompts[2], params[2])
+    step()
+    assert engine.requests["b"].num_prefilled == engine.requests["c"].num_prefilled == 100
+    assert len(a.pages) < 15
+    while engine.has_unfinished_requests():
+        step()
+    assert llm.get_metrics()["num_preemptions"] == 0
+    for rid, prompt, p in zip("abc", prompts, params):
+        assert list(final[rid].outputs[0].token_ids) == greedy_reference(weights, TINY, prompt, p.max_tokens)
+    assert engine.block_manager.num_free == llm.engine_config.num_pages
+
+
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_appending_a_steps_tokens_at_once_equals_one_by_one(ignore_eos):
     """OutputProcessor.append_tokens takes a step's tokens in one go when no stop rule can fire among them: for

@@ -102,6 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--page-lookahead", type=int, default=64,
                    help="positions of KV pages given ahead to every decoding sequence when one needs a page "
                         "(0: pages as needed)")
+    e.add_argument("--page-reserve-whole", action=argparse.BooleanOptionalAction, default=True,
+                   help="pages for a decoding sequence's whole length at once while half the pool stays free")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV pages of prompts seen before (vLLM's default; a repeated round then prefills "
                    "little: --no-enable-prefix-caching compares with runs before the cache)")
@@ -601,7 +603,7 @@ def build(args, src: ModelSource, target, spec: dict | None, bench: Bench, promp
                   page_size=args.page_size, num_pages=args.max_num_seqs * -(-args.max_model_len // args.page_size) + 1,
                   warmup=args.engine_warmup, compilation_cache_dir=args.compilation_cache_dir,
                   attn_impl=args.attn_impl, layer_loop=args.layer_loop, num_scheduler_steps=args.num_scheduler_steps,
-                  page_lookahead=args.page_lookahead,
+                  page_lookahead=args.page_lookahead, page_reserve_whole=args.page_reserve_whole,
                   enable_prefix_caching=args.enable_prefix_caching, tensor_parallel_size=args.tensor_parallel_size,
                   draft_tensor_parallel_size=args.draft_tensor_parallel_size,
                   decode_buckets=engine.bucket_list(args.decode_buckets, args.max_num_seqs),

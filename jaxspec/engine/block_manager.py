@@ -85,7 +85,12 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Return a sequence's pages. Safe while steps that use them are in flight: the device runs steps in
         order, so a later owner's writes land after them."""
-        for page in seq.pages:
+        self.shrink(seq, 0)
+
+    def shrink(self, seq: Sequence, num_pages: int) -> None:
+        """Return a sequence's pages past its first `num_pages` (safe while steps are in flight, as `free`, when
+        none of them writes past those pages)."""
+        for page in seq.pages[num_pages:]:
             self.refs[page] -= 1
             if self.refs[page] == 0:
                 if page in self.page_hash:
@@ -93,8 +98,8 @@ class BlockManager:
                 else:
                     self.free_page_ids.append(page)
         if seq.slot >= 0:
-            self.tables[seq.slot] = -1
-        seq.pages = []
+            self.tables[seq.slot, num_pages:] = -1
+        del seq.pages[num_pages:]
 
     # ---- prefix caching
 

@@ -133,7 +133,7 @@ class Scheduler:
         need = min(seq.upper_bound_len + self._decode_reach(num_steps), self.cfg.max_model_len)
         if self.block_manager.pages_for(need) <= len(seq.pages):
             return True  # the common case: the pages it holds already cover this step
-        while not self.block_manager.can_grow(seq, need):
+        while not self._make_room(seq, need):
             if not allow_preempt:
                 return False
             victim = self.running[-1]
@@ -143,25 +143,55 @@ class Scheduler:
         self.block_manager.grow(seq, need)
         return True
 
+    def _make_room(self, seq: Sequence, need: int) -> bool:
+        """Whether `seq` can hold positions [0, need), once the pages decoding sequences took ahead have gone back
+        if the free pages alone do not cover it: before a cached page is evicted or a sequence preempted."""
+        bm = self.block_manager
+        if bm.pages_for(need) - len(seq.pages) > len(bm.free_page_ids):
+            self._release_ahead()
+        return bm.can_grow(seq, need)
+
     def _top_up(self, seqs: list[Sequence], reach: int) -> None:
-        """Pages for cfg.page_lookahead more positions to each of these decoding sequences, one of which needed a
-        page this step, when free pages (not cached ones) still cover another such round for every one of them
-        afterwards, and a full prefill chunk if a request waits. A grown sequence's block table changes, and with
-        it the step's plan arrays, which the runner writes to the device with a program call of its own when they
-        differ from the last (~0.3 ms of host time on an H100); growing every sequence at once leaves them
-        unchanged for the next ~lookahead / (k + 1) steps instead of changing at nearly every step of a large
-        batch. Pages taken ahead go back with the sequence."""
+        """Pages ahead for these decoding sequences, one of which needed a page this step, taken from free pages
+        (not cached ones): with cfg.page_reserve_whole, for each one's whole length while the free pages cover them
+        all and, if a request waits, a full prefill chunk; else for cfg.page_lookahead more positions each while the
+        free pages still cover another such round for every one afterwards (and the chunk). A grown sequence's block
+        table changes, and with it the step's plan arrays, which the runner writes to the device with a program call
+        of its own when they differ from the last (~0.3 ms of host time on an H100; and XLA then updated the CUDA
+        graph of the next step or two, see EngineConfig.page_reserve_whole); growing every sequence at once leaves
+        them unchanged for many steps instead of changing at nearly every step of a large batch. Pages taken ahead
+        go back with the sequence, or earlier when a request needs them (_release_ahead)."""
         ahead = self.cfg.page_lookahead
         if not ahead:
             return
         bm, max_len = self.block_manager, self.cfg.max_model_len
-        wants = [(seq, bm.pages_for(min(seq.upper_bound_len + reach + ahead, max_len))) for seq in seqs]
-        wants = [(seq, pages) for seq, pages in wants if pages > len(seq.pages)]
-        extra = sum(pages - len(seq.pages) for seq, pages in wants)
-        keep = len(seqs) * bm.pages_for(ahead) + (bm.pages_for(self.cfg.max_num_batched_tokens) if self.waiting else 0)
-        if wants and len(bm.free_page_ids) - extra >= keep:
-            for seq, pages in wants:
-                bm.grow(seq, pages * bm.page_size)
+        chunk = bm.pages_for(self.cfg.max_num_batched_tokens) if self.waiting else 0
+        rounds = [(False, chunk + len(seqs) * bm.pages_for(ahead))]
+        for whole, keep in ([(True, chunk)] if self.cfg.page_reserve_whole else []) + rounds:
+            wants = [(seq, bm.pages_for(min(max(seq.upper_bound_len, self._final_len(seq) if whole else 0)
+                                            + reach + ahead, max_len))) for seq in seqs]
+            wants = [(seq, pages) for seq, pages in wants if pages > len(seq.pages)]
+            extra = sum(pages - len(seq.pages) for seq, pages in wants)
+            if wants and len(bm.free_page_ids) - extra >= keep:
+                for seq, pages in wants:
+                    bm.grow(seq, pages * bm.page_size)
+                return
+
+    def _final_len(self, seq: Sequence) -> int:
+        """The most tokens a sequence can end with: its prompt and max_tokens, or max_model_len."""
+        limit = seq.params.max_tokens
+        return self.cfg.max_model_len if limit is None else len(seq.prompt_token_ids) + limit
+
+    def _release_ahead(self) -> None:
+        """Give back the pages decoding sequences hold past what their next dispatch may write (those _top_up took
+        ahead): no dispatched step writes there, and none is held that pages as needed would not hold."""
+        bm, max_len = self.block_manager, self.cfg.max_model_len
+        reach = self._decode_reach(self.cfg.num_scheduler_steps)
+        for seq in self.running:
+            if seq.decoding:
+                need = bm.pages_for(min(seq.upper_bound_len + reach, max_len))
+                if len(seq.pages) > need:
+                    bm.shrink(seq, need)
 
     @staticmethod
     def _may_share_prefix(seq: Sequence) -> bool:
@@ -229,8 +259,8 @@ class Scheduler:
             n = min(remaining, budget)
             is_last = n == remaining
             # the last chunk's first drafts look k-1 positions past the prompt's sampled token
-            need = seq.num_prefilled + n + (self.k if is_last else 0)
-            if not self.block_manager.can_grow(seq, min(need, self.cfg.max_model_len)):
+            need = min(seq.num_prefilled + n + (self.k if is_last else 0), self.cfg.max_model_len)
+            if not self._make_room(seq, need):
                 if new:  # it waits on: the cached pages it took go back
                     self.block_manager.free(seq)
                     seq.num_prefilled = seq.num_copied = 0
@@ -246,7 +276,7 @@ class Scheduler:
                 if looked:
                     self.block_manager.prefix_queries += len(seq.prefill_token_ids)
                     self.block_manager.prefix_hits += seq.num_copied
-            self.block_manager.grow(seq, min(need, self.cfg.max_model_len))
+            self.block_manager.grow(seq, need)
             if source is not None:
                 seq.prompt_mask_from = source.slot
                 plan.copies += zip(source.pages[:self.block_manager.pages_for(seq.num_copied)], seq.pages)
