@@ -151,11 +151,12 @@ class Scheduler:
             self._release_ahead()
         return bm.can_grow(seq, need)
 
-    def _top_up(self, seqs: list[Sequence], reach: int) -> None:
-        """Pages ahead for these decoding sequences, one of which needed a page this step, taken from free pages
-        (not cached ones): with cfg.page_reserve_whole, for each one's whole length while the free pages cover them
-        all and, if a request waits, a full prefill chunk; else for cfg.page_lookahead more positions each while the
-        free pages still cover another such round for every one afterwards (and the chunk). A grown sequence's block
+    def _top_up(self, seqs: list[Sequence], reach: int, rounds: bool = True) -> None:
+        """Pages ahead for these sequences (the decoding ones when one of them needed a page this step; a prompt whose
+        last chunk is planned, with `rounds` False), taken from free pages (not cached ones): with
+        cfg.page_reserve_whole, for each one's whole length while the free pages cover them all and, if a request
+        waits, a full prefill chunk; else (with `rounds`) for cfg.page_lookahead more positions each while the free
+        pages still cover another such round for every one afterwards (and the chunk). A grown sequence's block
         table changes, and with it the step's plan arrays, which the runner writes to the device with a program call
         of its own when they differ from the last (~0.3 ms of host time on an H100; and XLA then updated the CUDA
         graph of the next step or two, see EngineConfig.page_reserve_whole); growing every sequence at once leaves
@@ -166,8 +167,9 @@ class Scheduler:
             return
         bm, max_len = self.block_manager, self.cfg.max_model_len
         chunk = bm.pages_for(self.cfg.max_num_batched_tokens) if self.waiting else 0
-        rounds = [(False, chunk + len(seqs) * bm.pages_for(ahead))]
-        for whole, keep in ([(True, chunk)] if self.cfg.page_reserve_whole else []) + rounds:
+        options = (([(True, chunk)] if self.cfg.page_reserve_whole else [])
+                   + ([(False, chunk + len(seqs) * bm.pages_for(ahead))] if rounds else []))
+        for whole, keep in options:
             wants = [(seq, bm.pages_for(min(max(seq.upper_bound_len, self._final_len(seq) if whole else 0)
                                             + reach + ahead, max_len))) for seq in seqs]
             wants = [(seq, pages) for seq, pages in wants if pages > len(seq.pages)]
@@ -277,6 +279,8 @@ class Scheduler:
                     self.block_manager.prefix_queries += len(seq.prefill_token_ids)
                     self.block_manager.prefix_hits += seq.num_copied
             self.block_manager.grow(seq, need)
+            if is_last:  # its whole length's pages now, so that its first steps' plans already hold them
+                self._top_up([seq], self._decode_reach(self.cfg.num_scheduler_steps), rounds=False)
             if source is not None:
                 seq.prompt_mask_from = source.slot
                 plan.copies += zip(source.pages[:self.block_manager.pages_for(seq.num_copied)], seq.pages)
