@@ -529,6 +529,36 @@ def test_whole_length_pages_go_back_when_a_request_needs_them(weights):
     assert engine.block_manager.num_free == llm.engine_config.num_pages
 
 
+def test_whole_length_pages_go_back_before_a_preemption(weights):
+    """Pages a sequence took for its whole length go back when a decoding sequence needs them: A holds 15 pages of a
+    pool of 24; B (40 prompt tokens, 60 to generate: 13 pages) outgrows the 4 left while A decodes, and takes A's
+    spare pages rather than preempting anyone; both outputs equal the full-sequence loop's."""
+    llm = make_llm(weights, num_pages=24, page_lookahead=8)
+    engine = llm.llm_engine
+    prompts = random_prompts(1, 10, 10, seed=7) + random_prompts(1, 40, 40, seed=9)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (100, 60)]
+    final, held = {}, []
+
+    def step():
+        for out in engine.step():
+            final[out.request_id] = out
+        if not a.is_finished:
+            held.append(len(a.pages))
+
+    engine.add_request("a", prompts[0], params[0])
+    a = engine.requests["a"]
+    while not a.decoding:
+        step()
+    assert len(a.pages) == 15
+    engine.add_request("b", prompts[1], params[1])
+    while engine.has_unfinished_requests():
+        step()
+    assert llm.get_metrics()["num_preemptions"] == 0 and min(held) < 15
+    for rid, prompt, p in zip("ab", prompts, params):
+        assert list(final[rid].outputs[0].token_ids) == greedy_reference(weights, TINY, prompt, p.max_tokens)
+    assert engine.block_manager.num_free == llm.engine_config.num_pages
+
+
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_appending_a_steps_tokens_at_once_equals_one_by_one(ignore_eos):
     """OutputProcessor.append_tokens takes a step's tokens in one go when no stop rule can fire among them: for
