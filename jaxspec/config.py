@@ -176,10 +176,11 @@ class EngineConfig:
     page_lookahead: int = 64
     # ... and first, while the free pages cover it for every one of them, pages for each one's whole length (prompt +
     # max_tokens, plus page_lookahead), as a prompt's last chunk is planned too: block tables, and with them the
-    # step's plan, then stay put until sequences finish or join. A plan write made XLA update the CUDA graph of the next step or two (random SmolLM2, batch 1,
-    # EAGLE k = 3, an H100: ~1.4 ms an update with single steps, ~9 ms with 4 a dispatch, at every page_lookahead
-    # round). Pages taken ahead go back before a request would wait for pages, a cached page be evicted or a sequence
-    # be preempted (Scheduler._make_room). False: rounds of page_lookahead only
+    # step's plan, then stay put until sequences finish or join. A plan write made XLA update the CUDA graph of the
+    # next step or two (random SmolLM2, batch 1, EAGLE k = 3, an H100: ~1.4 ms an update with single steps, ~9 ms
+    # with 4 a dispatch, at every page_lookahead round). Pages taken ahead go back before a request would wait for
+    # pages, a cached page be evicted or a sequence be preempted (Scheduler._make_room). False: rounds of
+    # page_lookahead only
     page_reserve_whole: bool = True
     # vLLM's automatic prefix caching (on by default there too): full prompt pages reused across requests
     enable_prefix_caching: bool = True

@@ -56,7 +56,7 @@ class EngineArgs:
     max_logprobs: int = 20
     num_scheduler_steps: int = 1  # multi-step decoding: decode steps per dispatch while nothing waits or prefills
     page_lookahead: int = 64  # positions of pages given ahead to every decoding sequence when one needs a page
-    page_reserve_whole: bool = True  # ... and pages for its whole length at once while half the pool stays free
+    page_reserve_whole: bool = True  # ... and pages for its whole length at once while free pages cover it
     enable_prefix_caching: bool | None = None  # None: on (vLLM's default)
     generation_config: str = "auto"  # the model's sampling defaults: "auto", "vllm" (none) or a directory
     override_generation_config: dict | None = None
@@ -112,8 +112,8 @@ class EngineArgs:
                        help="positions of KV pages given ahead to every decoding sequence when one needs a page, "
                             "so that block tables change at one step in many (0: pages as needed)")
         e.add_argument("--page-reserve-whole", action=argparse.BooleanOptionalAction, default=True,
-                       help="pages for a decoding sequence's whole length (prompt + max_tokens) at once while half the "
-                            "pool stays free, so its block table stops changing (given back when pages run short)")
+                       help="pages for a decoding sequence's whole length (prompt + max_tokens) at once while free "
+                            "pages cover it, so its block table stops changing (given back when pages run short)")
         e.add_argument("--generation-config", default="auto",
                        help="sampling defaults: auto (the model's generation_config.json), vllm (none), or a "
                             "directory holding a generation_config.json")

@@ -74,7 +74,7 @@ class LLM:
         tensor_parallel_size=1, draft_tensor_parallel_size, max_logprobs=20, num_scheduler_steps=1 (decode steps
         per dispatch while nothing waits or prefills: multi-step decoding), page_lookahead=64 (positions of pages
         given ahead to every decoding sequence when one needs a page: EngineConfig), page_reserve_whole=True (pages
-        for a sequence's whole length at once while half the pool stays free), enable_prefix_caching=True (vLLM's
+        for a sequence's whole length at once while free pages cover it), enable_prefix_caching=True (vLLM's
         automatic prefix caching, jaxspec.engine.block_manager), generation_config="auto" and
         override_generation_config (the model's sampling defaults, jaxspec.generation_config),
         structured_outputs_config (jaxspec.structured_output.StructuredOutputsConfig; guided_decoding_backend: vLLM's

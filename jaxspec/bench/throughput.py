@@ -103,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="positions of KV pages given ahead to every decoding sequence when one needs a page "
                         "(0: pages as needed)")
     e.add_argument("--page-reserve-whole", action=argparse.BooleanOptionalAction, default=True,
-                   help="pages for a decoding sequence's whole length at once while half the pool stays free")
+                   help="pages for a decoding sequence's whole length at once while free pages cover it")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV pages of prompts seen before (vLLM's default; a repeated round then prefills "
                    "little: --no-enable-prefix-caching compares with runs before the cache)")
