@@ -129,8 +129,12 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
+    def _decode_need(self, seq: Sequence, num_steps: int) -> int:
+        """The positions a decode dispatch of num_steps steps may write for `seq`: [0, this)."""
+        return min(seq.upper_bound_len + self._decode_reach(num_steps), self.cfg.max_model_len)
+
     def _reserve_decode(self, seq: Sequence, allow_preempt: bool, num_steps: int = 1) -> bool:
-        need = min(seq.upper_bound_len + self._decode_reach(num_steps), self.cfg.max_model_len)
+        need = self._decode_need(seq, num_steps)
         if self.block_manager.pages_for(need) <= len(seq.pages):
             return True  # the common case: the pages it holds already cover this step
         while not self._make_room(seq, need):
@@ -187,11 +191,10 @@ class Scheduler:
     def _release_ahead(self) -> None:
         """Give back the pages decoding sequences hold past what their next dispatch may write (those _top_up took
         ahead): no dispatched step writes there, and none is held that pages as needed would not hold."""
-        bm, max_len = self.block_manager, self.cfg.max_model_len
-        reach = self._decode_reach(self.cfg.num_scheduler_steps)
+        bm = self.block_manager
         for seq in self.running:
             if seq.decoding:
-                need = bm.pages_for(min(seq.upper_bound_len + reach, max_len))
+                need = bm.pages_for(self._decode_need(seq, self.cfg.num_scheduler_steps))
                 if len(seq.pages) > need:
                     bm.shrink(seq, need)
 
