@@ -51,7 +51,9 @@ class KernelConfig:
     # a fresh output buffer did at every call: re-recording took 0.4-1.0 ms of host time per step (traced). On the
     # H200 (SmolLM2 shapes, steps dispatched as the async engine does): 1.57 -> 1.20 ms a step at batch 1 without
     # speculation, 3.06 -> 2.59 at 96 rows with k = 3, 3.35 -> 2.73 with logprobs and a presence penalty; the engine
-    # end to end: 792 -> 829 output tok/s at batch 1, no change beyond the runs' spread at 96 prompts. The second
+    # end to end: 792 -> 829 output tok/s at batch 1, no change beyond the runs' spread at 96 prompts. On an H100
+    # with page_reserve_whole (EAGLE k = 3, synthetic acceptance, 96 prompts): 73,714 -> 76,769 output tok/s, host
+    # work 1.83 -> 1.47 ms a step; with 4 steps a dispatch no change (bench/results/20261207-twins-busy/). The second
     # executable of each program comes from the persistent compilation cache when it is on.
     twin_programs: bool = True
     # Decode forwards of at most fused_decode_tokens tokens (one by default: batch 1 without speculation, the draft
