@@ -52,9 +52,9 @@ class KernelConfig:
     # H200 (SmolLM2 shapes, steps dispatched as the async engine does): 1.57 -> 1.20 ms a step at batch 1 without
     # speculation, 3.06 -> 2.59 at 96 rows with k = 3, 3.35 -> 2.73 with logprobs and a presence penalty; the engine
     # end to end: 792 -> 829 output tok/s at batch 1, no change beyond the runs' spread at 96 prompts. On an H100
-    # with page_reserve_whole (EAGLE k = 3, synthetic acceptance, 96 prompts): 73,714 -> 76,769 output tok/s, host
-    # work 1.83 -> 1.47 ms a step; with 4 steps a dispatch no change (bench/results/20261207-twins-busy/). The second
-    # executable of each program comes from the persistent compilation cache when it is on.
+    # with page_reserve_whole (EAGLE k = 3, synthetic acceptance, 96 prompts, single steps): 73,714 -> 76,769 output
+    # tok/s, host work 1.83 -> 1.47 ms a step; with 4 steps a dispatch no change (bench/results/20261207-twins-busy/).
+    # The second executable of each program comes from the persistent compilation cache when it is on.
     twin_programs: bool = True
     # Decode forwards of at most fused_decode_tokens tokens (one by default: batch 1 without speculation, the draft
     # head's rollout passes at batch 1) run each Llama layer, the target's and the draft head's, as five Pallas
