@@ -187,8 +187,9 @@ class LLM:
             self.num_compiled = 0
         if isinstance(policy, DynamicPolicy):  # its step-time model, whatever warmup says
             policy.set_step_times(runner.time_decode(policy.choices))
-            logger.info("step times (ms) by (decode bucket, k): %s",
-                        {key: round(t * 1e3, 3) for key, t in policy.step_times.items()})
+            logger.info("step times (ms) by (decode bucket, k), medians: %s; ranked as (non-decreasing in k): %s",
+                        *({key: round(t * 1e3, 3) for key, t in times.items()}
+                          for times in (policy.measured_step_times, policy.step_times)))
         eos = eos_token_ids(self.tokenizer, Path(tokenizer_dir)) if tokenizer_dir else set()
         inputs = InputProcessor(self.tokenizer, target_cfg.vocab_size, max_model_len, seed, eos, max_logprobs,
                                 structured, runner.grammar_pool)

@@ -97,9 +97,43 @@ def test_step_time_model_reads_each_output_as_the_engine_does(weights):
     reads them."""
     runner = make_llm(weights, max_num_seqs=4, decode_buckets=[4]).llm_engine.runner
     events = watch_reads(runner, "_run")
-    times = runner.time_decode([0], iters=4)
+    times = runner.time_decode([0], iters=4, rounds=3)
     assert set(times) == {(4, 0)} and times[(4, 0)] > 0
-    assert sum(kind == "dispatch" for kind, _ in events) == 6 and read_before_reuse(events)
+    # two warming calls, then three rounds of four
+    assert sum(kind == "dispatch" for kind, _ in events) == 2 + 3 * 4 and read_before_reuse(events)
+
+
+def test_nondecreasing_fit():
+    """Pool adjacent violators: the least-squares non-decreasing fit."""
+    assert spec_policy.nondecreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert spec_policy.nondecreasing([1.458, 1.497, 1.313, 1.362]) == pytest.approx([1.4075] * 4)
+    assert spec_policy.nondecreasing([1.0, 3.0, 2.0, 4.0]) == pytest.approx([1.0, 2.5, 2.5, 4.0])
+    assert spec_policy.nondecreasing([]) == []
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # against the definition: non-decreasing, and no non-decreasing sequence fits closer
+        v = rng.normal(size=6)
+        fit = np.array(spec_policy.nondecreasing(list(v)))
+        assert np.all(np.diff(fit) >= -1e-12)
+        for _ in range(20):
+            other = np.sort(fit + rng.normal(scale=0.3, size=6))
+            assert np.sum((fit - v) ** 2) <= np.sum((other - v) ** 2) + 1e-12
+
+
+def test_dynamic_policy_ranks_k_by_step_times_non_decreasing_in_k():
+    """A larger k timed cheaper than a smaller one (noise: a step with more drafts does no less work) does not win
+    on that: drafts almost never accepted, k = 3 timed as cheap as k = 1 and k = 2 at 1.6x is ranked at 1.3x, so
+    k = 1 is chosen (it costs nothing over k = 0); ranked as measured, k = 3 would be."""
+    measured = {(8, 0): 1.0, (8, 1): 1.0, (8, 2): 1.6, (8, 3): 1.0}
+    p = DynamicPolicy(K, num_slots=8)
+    p.set_step_times(measured)
+    assert p.measured_step_times == measured
+    assert [p.step_times[(8, k)] for k in range(K + 1)] == pytest.approx([1.0, 1.0, 1.3, 1.3])
+    slots = np.arange(8)
+    for _ in range(60):
+        p.observe(slots, K, np.zeros(8, np.int64))
+    expected = p.expected_tokens(slots)
+    assert max(range(K + 1), key=lambda k: expected[k] / measured[(8, k)]) == 3  # the noise would have won
+    assert p.choose(8, 8, slots) == 1
 
 
 def test_dynamic_policy_follows_the_acceptance_it_observes():

@@ -166,6 +166,9 @@ def test_repeats_report_the_median_run_of_balanced_rounds(tmp_path, monkeypatch)
     assert row["best_mode"] == best and row["num_prompts"] == 2
     assert row["ratio"] == pytest.approx(points[modes[0]]["output_tokens_per_s"] / points[best]["output_tokens_per_s"])
     assert row["paired_ratio"] == pytest.approx(sorted(x / y for x, y in zip(dynamic_runs, best_runs))[1])
+    assert (row["dynamic_steps"], row["best_steps"]) == (points[modes[0]]["num_steps"], points[best]["num_steps"])
+    assert row["same_outputs"] == (points[modes[0]]["outputs_sha256"] == points[best]["outputs_sha256"])
+    assert f"{row['dynamic_steps']} / {row['best_steps']}" in report.dynamic_table(result["dynamic_vs_best"])
     with pytest.raises(SystemExit):
         main(["--model", "no-model-needed", "--repeats", "0"])
 

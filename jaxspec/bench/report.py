@@ -88,7 +88,9 @@ def dynamic_vs_best(result: dict) -> list[dict]:
     """--sweep-k: per prompt count (and scheduling), the dynamic policy against the best fixed mode (no speculation
     or a fixed k; the one of highest median): the ratio of their median runs and, with --repeats, the median of
     their ratios round by round. A round runs every mode back to back, so pairing within rounds takes out the
-    host's drift between rounds (runs of one point spread 10-25 % at 256 prompts on the H200, 2026-12-04)."""
+    host's drift between rounds (runs of one point spread 10-25 % at 256 prompts on the H200, 2026-12-04). With both modes'
+    steps and whether their outputs are the same: on the GPU, greedy outputs of different k can differ (a near tie
+    rounds the other way in another verify shape), and one request whose answer drafts worse sets a run's length."""
     groups: dict[tuple[int, bool], dict[str, dict]] = {}
     for p in result["points"]:
         groups.setdefault((p["num_prompts"], p["async"]), {})[p["mode"]] = p
@@ -105,17 +107,27 @@ def dynamic_vs_best(result: dict) -> list[dict]:
         rows.append({"num_prompts": n, "async": is_async, "dynamic_tok_s": d["output_tokens_per_s"],
                      "best_mode": best, "best_tok_s": fixed[best]["output_tokens_per_s"],
                      "ratio": d["output_tokens_per_s"] / fixed[best]["output_tokens_per_s"], "paired_ratio": paired,
-                     "num_steps_by_k": d.get("num_steps_by_k", {})})
+                     "num_steps_by_k": d.get("num_steps_by_k", {}), "dynamic_steps": d.get("num_steps"),
+                     "best_steps": fixed[best].get("num_steps"), "same_outputs": _same_outputs(d, fixed[best])})
     return rows
+
+
+def _same_outputs(a: dict, b: dict) -> bool | None:
+    """Whether two points' outputs are the same (their hashes; None where either has none)."""
+    ha, hb = a.get("outputs_sha256"), b.get("outputs_sha256")
+    return None if ha is None or hb is None else ha == hb
 
 
 def dynamic_table(comparisons: list[dict]) -> str:
     """dynamic_vs_best's rows as a markdown table."""
     rows = [[r["num_prompts"], "async" if r["async"] else "sync", r["dynamic_tok_s"], r["best_mode"], r["best_tok_s"],
              f"{r['ratio']:.3f}", None if r["paired_ratio"] is None else f"{r['paired_ratio']:.3f}",
-             " ".join(f"{k}:{n}" for k, n in r["num_steps_by_k"].items() if n)] for r in comparisons]
+             " ".join(f"{k}:{n}" for k, n in r["num_steps_by_k"].items() if n),
+             f"{r.get('dynamic_steps')} / {r.get('best_steps')}",
+             {True: "yes", False: "no", None: None}[r.get("same_outputs")]] for r in comparisons]
     return markdown_table(["num_prompts", "scheduling", "dynamic out tok/s", "best fixed", "its out tok/s",
-                           "dynamic / best, medians", "dynamic / best, paired rounds", "dynamic's steps by k"], rows)
+                           "dynamic / best, medians", "dynamic / best, paired rounds", "dynamic's steps by k",
+                           "steps, dynamic / best", "same outputs"], rows)
 
 
 def profile_table(result: dict) -> str:

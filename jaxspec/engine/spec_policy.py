@@ -12,13 +12,13 @@ compute-bound and drafts that are rarely accepted cost more than they give. Thre
       rate(k) = sum over the step's rows r of E_r(k)  /  t(B, k)
       E_r(k) = 1 + sum_{j < k} prod_{i <= j} a_r[i]
 
-  where t(B, k) is the step time of padded batch B with k drafts, measured at warm-up, and a_r[i] the
-  probability that draft position i is accepted once every earlier one was: counted over recent steps (counts
-  decay by DECAY per step that offered the position), per slot (the request in it) shrunk toward the global
-  rate, which is shrunk toward PRIOR. A position no step offers keeps its estimate, forgotten toward the prior
-  only slowly (IDLE_DECAY per step, a memory of about 500 steps): a policy that stopped speculating tries again
-  after a while, and one that settled on a small k does not keep re-trying a large one on stale hopes (at DECAY,
-  it spent a third of its steps at k = 3 on chat prompts where k = 1 was best).
+  where t(B, k) is the step time of padded batch B with k drafts, measured at warm-up (ModelRunner.time_decode) and
+  fitted non-decreasing in k, and a_r[i] the probability that draft position i is accepted once every earlier one
+  was: counted over recent steps (counts decay by DECAY per step that offered the position), per slot (the request
+  in it) shrunk toward the global rate, which is shrunk toward PRIOR. A position no step offers keeps its estimate,
+  forgotten toward the prior only slowly (IDLE_DECAY per step, a memory of about 500 steps): a policy that stopped
+  speculating tries again after a while, and one that settled on a small k does not keep re-trying a large one on
+  stale hopes (at DECAY, it spent a third of its steps at k = 3 on chat prompts where k = 1 was best).
 
 The policy runs on the host at every step, between the device's steps, so its bookkeeping is a dozen numpy
 operations on [rows, 2K] arrays, not a loop over rows; and it runs them rarely. A step's observation is queued and
@@ -105,7 +105,8 @@ class DynamicPolicy(SpecPolicy):
         # then how often it was accepted, [2K]; per slot the same, [S+1, 2K]
         self.counts = np.zeros(2 * K)
         self.slot_counts = np.zeros((num_slots + 1, 2 * K))
-        self.step_times: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds
+        self.step_times: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, as choose ranks them
+        self.measured_step_times: dict[tuple[int, int], float] = {}  # ... as measured
         self._times: dict[int, list[float]] = {}  # bucket -> seconds for k = 0..K, for choose
         j = np.arange(K)
         # a row that accepted n of k drafts reached position i < k iff n >= i, and accepted it iff n >= i + 1:
@@ -126,10 +127,14 @@ class DynamicPolicy(SpecPolicy):
         self._standing = REDECIDE_EVERY  # observations it stands for
 
     def set_step_times(self, times: dict[tuple[int, int], float]) -> None:
-        self.step_times = dict(times)
+        """The measured step times (kept in measured_step_times); per bucket the policy ranks k by their closest fit
+        non-decreasing in k, step_times (a step with more drafts does no less work, so a k timed cheaper than a
+        smaller one was timed in noise)."""
+        self.measured_step_times = dict(times)
         buckets = {b for b, _ in times}
-        self._times = {b: [times[(b, k)] for k in self.choices] for b in buckets
+        self._times = {b: nondecreasing([times[(b, k)] for k in self.choices]) for b in sorted(buckets)
                        if all((b, k) in times for k in self.choices)}
+        self.step_times = {(b, k): t for b, ts in self._times.items() for k, t in zip(self.choices, ts)}
 
     def reset_slots(self, slots: list[int]) -> None:
         if not slots:
@@ -230,6 +235,18 @@ class DynamicPolicy(SpecPolicy):
         self._standing = min(2 * self._standing, MAX_STANDING) if confirmed else REDECIDE_EVERY
         self._decision, self._since_decision = (bucket, num_rows, k), 0
         return k
+
+
+def nondecreasing(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to values in least squares (pool adjacent violators: each run that
+    decreases is replaced by its mean)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def make_policy(spec, num_slots: int) -> SpecPolicy:
