@@ -22,7 +22,9 @@ class SpeculativeConfig:
     # of decode rows to k (keys: batch sizes, each the smallest it applies to).
     dynamic: bool = False
     num_speculative_tokens_per_batch_size: dict[int, int] | None = None
-    # ngram: the n-gram lengths looked up, longest first (vLLM's defaults: both 5, or the one given)
+    # ngram: the n-gram lengths looked up, longest first (vLLM's defaults: both 5, or the one given). With a head
+    # (eagle, eagle3), either one given turns on prompt lookup as the head's fallback: a row whose drafts were all
+    # rejected drafts by lookup next where it finds a match, and by the head again once looked-up drafts fail
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
 
@@ -41,12 +43,11 @@ class SpeculativeConfig:
             method = "ngram" if spec.get("model") in NGRAM_METHODS else "eagle"
         method = "ngram" if method in NGRAM_METHODS else check_method(method, "speculative_config.method")
         spec = _from_vllm(spec)
-        lookup = {"prompt_lookup_min", "prompt_lookup_max"} if method == "ngram" else set()
+        lookup = {"prompt_lookup_min", "prompt_lookup_max"}
         unknown = set(spec) - {"method", "model", "num_speculative_tokens", "dynamic",
                                "num_speculative_tokens_per_batch_size"} - lookup
         if unknown:
-            hint = " (for method 'ngram')" if unknown & {"prompt_lookup_min", "prompt_lookup_max"} else ""
-            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}{hint}")
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
         if method == "ngram":
             if spec.get("model") not in (None, *NGRAM_METHODS):
                 raise ValueError(f"speculative_config.model={spec['model']!r}: method 'ngram' uses no draft model")
@@ -68,7 +69,7 @@ class SpeculativeConfig:
                 raise ValueError("speculative_config: dynamic and num_speculative_tokens_per_batch_size exclude "
                                  "each other")
             table = _k_table(table, k)
-        lookup_min, lookup_max = _lookup_lengths(spec) if method == "ngram" else (None, None)
+        lookup_min, lookup_max = _lookup_lengths(spec) if method == "ngram" or lookup & set(spec) else (None, None)
         return cls(method=method, model=None if method == "ngram" else str(spec["model"]),
                    num_speculative_tokens=k, dynamic=dynamic, num_speculative_tokens_per_batch_size=table,
                    prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)

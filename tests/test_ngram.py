@@ -158,5 +158,5 @@ def test_config_is_vllms():
                            ({"num_speculative_tokens": 0}, "num_speculative_tokens must be")]:
         with pytest.raises(ValueError, match=message):
             parse(base | extra)
-    with pytest.raises(ValueError, match=r"unknown keys \['prompt_lookup_max'\] \(for method 'ngram'\)"):
-        parse({"method": "eagle", "model": "head", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    with pytest.raises(ValueError, match=r"unknown keys \['prompt_lookup'\]"):
+        parse(base | {"prompt_lookup": 4})

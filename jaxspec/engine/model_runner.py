@@ -131,7 +131,10 @@ class ModelRunner:
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
         spec = cfg.speculative
-        self.ngram = (spec.prompt_lookup_min, spec.prompt_lookup_max) if spec is not None and spec.is_ngram else None
+        # prompt lookup: ngram speculation, or a head's fallback (step._lookup_fallback)
+        self.ngram = (None if spec is None or spec.prompt_lookup_max is None
+                      else (spec.prompt_lookup_min, spec.prompt_lookup_max))
+        self._lookup_fallback = self.ngram is not None and draft_cfg is not None
         self.num_slots = cfg.max_num_seqs
         self.vocab_size = target_cfg.vocab_size
         self.tw, self.dw = target_weights, draft_weights
@@ -188,7 +191,8 @@ class ModelRunner:
 
     def _new_state(self) -> SlotState:
         return SlotState.init(self.num_slots, self.k, self.vocab_size, self.grammar_pool.max_states,
-                              self.grammar_pool.max_transitions, self.cfg.max_model_len if self.ngram else 0)
+                              self.grammar_pool.max_transitions, self.cfg.max_model_len if self.ngram else 0,
+                              self._lookup_fallback)
 
     def _new_caches(self) -> Caches:
         tcfg, dcfg, shardings = self._target_cfg, self._draft_cfg, self._shardings

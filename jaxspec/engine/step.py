@@ -61,7 +61,8 @@ class StepSpec:
     prompt_logprobs: bool = False  # prefill only: logprobs of every prompt token
     num_logprobs: int = 0  # the top-N the extended step returns per token (the engine's max_logprobs)
     num_steps: int = 1  # multi_decode_step: decode steps one dispatch runs
-    # ngram speculation (engine/ngram.py, no draft head): (prompt_lookup_min, prompt_lookup_max)
+    # prompt lookup (engine/ngram.py): (prompt_lookup_min, prompt_lookup_max). Without a draft head the drafts are
+    # looked up (ngram speculation); with one, the lookup is the head's fallback (_lookup_fallback)
     ngram: tuple[int, int] | None = None
     # Benchmarks with random weights: accept each draft position with this probability instead of by the
     # target (all the work is still done; the emitted text is meaningless). None: real rejection sampling.
@@ -89,7 +90,7 @@ class Caches:
 
 
 @partial(jax.tree_util.register_dataclass,
-         data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar", "history"], meta_fields=[])
+         data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar", "history", "looked_up"], meta_fields=[])
 @dataclass
 class SlotState:
     """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
@@ -100,18 +101,21 @@ class SlotState:
     num_drafts: jax.Array
     proc: processors.ProcessorState  # what the extended step's logits processors read
     grammar: grammar.GrammarState  # structured outputs: the automata pool and each slot's state in it
-    # [S + 1, max_model_len] int32 with ngram speculation (each sequence's tokens by position); None otherwise, so
+    # [S + 1, max_model_len] int32 with prompt lookup (each sequence's tokens by position); None otherwise, so
     # that no other step carries one more argument leaf
     history: jax.Array | None
+    # [S + 1] bool with prompt lookup as a head's fallback: whether the drafts in `tokens` were looked up
+    looked_up: jax.Array | None = None
 
     @classmethod
     def init(cls, num_slots: int, max_k: int, vocab_size: int, grammar_states: int = 0,
-             grammar_transitions: int = 0, history_len: int = 0) -> "SlotState":
+             grammar_transitions: int = 0, history_len: int = 0, lookup_fallback: bool = False) -> "SlotState":
         return cls(tokens=jnp.zeros((num_slots + 1, 1 + max_k), jnp.int32),
                    seq_len=jnp.ones((num_slots + 1,), jnp.int32), num_drafts=jnp.zeros((num_slots + 1,), jnp.int32),
                    proc=processors.ProcessorState.init(num_slots, vocab_size),
                    grammar=grammar.GrammarState.init(num_slots, vocab_size, grammar_states, grammar_transitions),
-                   history=jnp.zeros((num_slots + 1, history_len), jnp.int32) if history_len else None)
+                   history=jnp.zeros((num_slots + 1, history_len), jnp.int32) if history_len else None,
+                   looked_up=jnp.zeros((num_slots + 1,), bool) if lookup_fallback else None)
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -159,6 +163,21 @@ def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec
         d = draft(h)
         drafts.append(d)
     return jnp.stack(drafts, axis=1), dkv
+
+
+def _lookup_fallback(history: jax.Array, looked_up: jax.Array, slots: jax.Array, total: jax.Array,
+                     failed: jax.Array, head_drafts: jax.Array, spec: StepSpec) -> tuple[jax.Array, ...]:
+    """Prompt lookup as the head's fallback: a row whose drafts were all rejected drafts from the other source next
+    (looked up after the head's, the head's after looked-up ones), the lookup only where it finds a match. A head
+    cannot draft what it never learned to: an EAGLE-3 head drafts only its reduced vocabulary, and an answer that
+    loops on a token outside it (or copies text the head mispredicts) gets one token a step; the lookup drafts such
+    text whole. Returns (drafts [B, k], their count [B], looked_up with these rows' sources)."""
+    k = spec.num_speculative_tokens
+    want = looked_up[slots] ^ failed
+    looked, count = ngram.propose(history, slots, total, k, *spec.ngram, spec.max_model_len)
+    use = want & (count > 0)
+    drafts = jnp.where(use[:, None], looked, head_drafts)
+    return drafts, jnp.where(use, count, k), looked_up.at[slots].set(use)
 
 
 def _synthetic_accept(logits: jax.Array, drafts: jax.Array, num_valid: jax.Array, seeds: jax.Array,
@@ -256,9 +275,11 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     num_drafts = jnp.full((B,), k, jnp.int32)
     history = state.history
     j = jnp.arange(k + 1)[None, :]  # the emitted tokens' index
+    looked_up = state.looked_up
     if spec.ngram is not None:
         history = ngram.write(history, jnp.broadcast_to(slots[:, None], emitted.shape), n[:, None] + j, emitted,
                               valid[:, None] & (j <= n_acc[:, None]))
+    if spec.draft is None and spec.ngram is not None:
         if k > 0:
             drafts, num_drafts = ngram.propose(history, slots, n + n_acc + 1, k, *spec.ngram, spec.max_model_len)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
@@ -270,6 +291,10 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
             h = jnp.take_along_axis(out, n_acc[:, None, None], axis=1)[:, 0]  # [B, H]
             drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid, slots,
                                               proc if spec.processors else None, sampling, g)
+            if spec.ngram is not None:
+                failed = (num_valid > 0) & (n_acc == 0)
+                drafts, num_drafts, looked_up = _lookup_fallback(history, looked_up, slots, n + n_acc + 1, failed,
+                                                                 drafts, spec)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device. Past the emitted tokens, `out` tells the drafts verified apart (-1) from positions that
     # had none (-2), so the host counts the drafts each row really made (ngram: any number up to k)
@@ -283,7 +308,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(valid, n + n_acc + 1, 1)),
                       num_drafts=state.num_drafts.at[slots].set(num_drafts), proc=proc, grammar=gstate,
-                      history=history)
+                      history=history, looked_up=looked_up)
     out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
@@ -381,10 +406,13 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     if g is not None:
         g = gstate = grammar.commit_rows(g, slots, params.extended, first[:, None], commit[:, None])
     num_drafts = jnp.full((R,), k, jnp.int32)
-    history = state.history
+    history, looked_up = state.history, state.looked_up
     if spec.ngram is not None:  # the chunk's tokens and the first token join the history
         history = ngram.write(history, rows_i32[tok_rows, 0], positions, tokens, tok_valid)
         history = ngram.write(history, slots, first_pos, first, commit)
+    if looked_up is not None:  # a prompt's first drafts are the head's
+        looked_up = looked_up.at[slots].set(False)
+    if spec.draft is None and spec.ngram is not None:
         if k > 0:
             drafts, num_drafts = ngram.propose(history, slots, first_pos + 1, k, *spec.ngram, spec.max_model_len)
             new_tokens = jnp.concatenate([new_tokens, drafts], axis=1)
@@ -403,7 +431,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(commit, first_pos + 1, 1)),  # spare: 1 (decode)
                       num_drafts=state.num_drafts.at[slots].set(num_drafts), proc=proc, grammar=gstate,
-                      history=history)
+                      history=history, looked_up=looked_up)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
