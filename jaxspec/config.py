@@ -23,8 +23,9 @@ class SpeculativeConfig:
     dynamic: bool = False
     num_speculative_tokens_per_batch_size: dict[int, int] | None = None
     # ngram: the n-gram lengths looked up, longest first (vLLM's defaults: both 5, or the one given). With a head
-    # (eagle, eagle3), either one given turns on prompt lookup as the head's fallback: a row whose drafts were all
-    # rejected drafts by lookup next where it finds a match, and by the head again once looked-up drafts fail
+    # (eagle, eagle3), either one given turns on prompt lookup as the head's fallback (engine/step.py,
+    # _lookup_fallback): a row switches between the head's drafts and looked-up ones when all of its drafts were
+    # rejected and the other source's first draft was the target's token
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
 

@@ -12,7 +12,7 @@ import pytest
 
 from jaxspec import SamplingParams
 from jaxspec.config import SpeculativeConfig
-from jaxspec.engine import ngram, step
+from jaxspec.engine import step
 from tests.tiny import make_llm, random_prompts, tiny_weights
 
 K, LO, HI = 3, 1, 3
@@ -28,33 +28,42 @@ def _bigram_weights():
                                                              w_down=w.layers.w_down * 0))
 
 
-def test_each_row_switches_source_when_its_drafts_all_fail():
-    """A row keeps the source of its last drafts while they are accepted and switches when all were rejected; the
-    lookup only where it finds a match (else the head's drafts, and the row counts as the head's)."""
+def test_a_row_looks_up_only_where_the_lookup_was_accepted_further_than_the_head():
+    """After a step that verified drafts, a row drafts by lookup (where it finds a match) only if the lookup's
+    drafts, its own or the ones it kept, agree with the tokens the target emitted strictly further than the
+    head's; ties go to the head. The source not used keeps its drafts (NO_DRAFT past their count)."""
     spec = dataclasses.replace(step.StepSpec(target=None, draft=None, num_speculative_tokens=K, page_size=8,
                                              max_model_len=32), ngram=(LO, HI))
-    history = np.zeros((5, 32), np.int32)
-    history[:, :8] = [7, 8, 9, 7, 8, 9, 7, 8]  # every row but the last repeats: the lookup drafts 9, 7, 8
-    history[3, :8] = np.arange(8) + 20  # row 3: nothing repeats, no match
-    totals = np.full(4, 8, np.int32)
-    was = np.array([False, False, True, True, False])  # the sources of the drafts just verified (slot 4: spare)
-    failed = np.array([True, False, True, True])
-    head = np.full((4, K), 99, np.int32)
-    drafts, count, looked_up = step._lookup_fallback(jnp.asarray(history), jnp.asarray(was), jnp.arange(4),
-                                                     jnp.asarray(totals), jnp.asarray(failed), jnp.asarray(head), spec)
-    # row 0: the head failed -> lookup; row 1: the head succeeded -> head; row 2: lookup failed -> head;
-    # row 3: lookup failed -> head (and had no match anyway)
-    assert np.asarray(looked_up).tolist() == [True, False, False, False, False]
-    assert np.asarray(drafts).tolist() == [[9, 7, 8], [99] * K, [99] * K, [99] * K]
-    assert np.asarray(count).tolist() == [K, K, K, K]
-    want, n = ngram.propose(jnp.asarray(history), jnp.arange(4), jnp.asarray(totals), K, LO, HI, 32)
-    assert np.asarray(want)[0].tolist() == [9, 7, 8] and int(n[3]) == 0
-    # a looked-up row whose drafts were accepted keeps looking up; one with no match gets the head's
-    drafts, _, looked_up = step._lookup_fallback(jnp.asarray(history), jnp.asarray([True, False, False, True, False]),
-                                                 jnp.arange(4), jnp.asarray(totals), jnp.zeros(4, bool),
-                                                 jnp.asarray(head), spec)
-    assert np.asarray(looked_up).tolist() == [True, False, False, False, False]
-    assert np.asarray(drafts)[3].tolist() == [99] * K
+    history = np.zeros((9, 32), np.int32)
+    history[:, :8] = [7, 8, 9, 7, 8, 9, 7, 8]  # the lookup drafts 9, 7, 8
+    history[5, :8] = np.arange(8) + 20  # row 5: nothing repeats, no match
+    totals = np.full(8, 8, np.int32)
+    X = step.NO_DRAFT
+    rows = [  # (drafts looked up, the other source's, emitted, accepted, verified, next drafts looked up)
+        (False, [5, X, X], [5, -1, -1, -1], 0, True, True),  # head 0, lookup 1: lookup
+        (False, [5, 6, X], [4, -1, -1, -1], 0, True, False),  # both 0: head
+        (False, [5, 6, 2], [5, 6, 1, -1], 2, True, False),  # both 2: head
+        (True, [5, 7, 2], [5, 7, -1, -1], 1, True, False),  # lookup 1, head 2: head
+        (True, [5, 6, 1], [5, 6, 2, 3], 3, True, True),  # lookup 3, head 2: lookup
+        (False, [5, X, X], [5, -1, -1, -1], 0, True, False),  # lookup better but no match now: head
+        (True, [5, 6, 2], [5, 6, 2, 3], 3, True, False),  # both 3: head
+        (True, [5, X, X], [4, -1, -1, -1], 0, False, True),  # nothing verified (a k = 0 step): as it was
+    ]
+    state = dataclasses.replace(step.SlotState.init(8, K, 128, history_len=32, lookup_fallback=True),
+                                looked_up=jnp.asarray([r[0] for r in rows] + [False]),
+                                unused_drafts=jnp.asarray([r[1] for r in rows] + [[X] * K], jnp.int32))
+    head = np.tile(np.array([[99, 98, 97]], np.int32), (8, 1))
+    drafts, count, looked_up, unused = step._lookup_fallback(
+        jnp.asarray(history), state, jnp.arange(8), jnp.asarray(totals), jnp.asarray([r[2] for r in rows]),
+        jnp.asarray([r[3] for r in rows]), jnp.asarray([r[4] for r in rows]), jnp.asarray(head), spec)
+    use = [r[5] for r in rows]
+    assert np.asarray(looked_up).tolist() == use + [False]
+    lookup, kept = [9, 7, 8], [99, 98, 97]
+    assert np.asarray(drafts).tolist() == [lookup if u else kept for u in use]
+    assert np.asarray(count).tolist() == [K] * 8
+    no_match = [X] * K
+    assert np.asarray(unused).tolist() == [kept if u else (no_match if i == 5 else lookup)
+                                           for i, u in enumerate(use)] + [no_match]
 
 
 def _spec(method: str, heads, **lookup) -> dict:

@@ -90,7 +90,8 @@ class Caches:
 
 
 @partial(jax.tree_util.register_dataclass,
-         data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar", "history", "looked_up"], meta_fields=[])
+         data_fields=["tokens", "seq_len", "num_drafts", "proc", "grammar", "history", "looked_up", "unused_drafts"],
+         meta_fields=[])
 @dataclass
 class SlotState:
     """Per slot, on device. One extra row (index num_slots) absorbs the writes of padding rows."""
@@ -104,8 +105,10 @@ class SlotState:
     # [S + 1, max_model_len] int32 with prompt lookup (each sequence's tokens by position); None otherwise, so
     # that no other step carries one more argument leaf
     history: jax.Array | None
-    # [S + 1] bool with prompt lookup as a head's fallback: whether the drafts in `tokens` were looked up
+    # with prompt lookup as a head's fallback: whether the drafts in `tokens` were looked up, [S + 1] bool, and the
+    # drafts the other source proposed, [S + 1, K] int32 (-3 past its count: no token is -3)
     looked_up: jax.Array | None = None
+    unused_drafts: jax.Array | None = None
 
     @classmethod
     def init(cls, num_slots: int, max_k: int, vocab_size: int, grammar_states: int = 0,
@@ -115,7 +118,8 @@ class SlotState:
                    proc=processors.ProcessorState.init(num_slots, vocab_size),
                    grammar=grammar.GrammarState.init(num_slots, vocab_size, grammar_states, grammar_transitions),
                    history=jnp.zeros((num_slots + 1, history_len), jnp.int32) if history_len else None,
-                   looked_up=jnp.zeros((num_slots + 1,), bool) if lookup_fallback else None)
+                   looked_up=jnp.zeros((num_slots + 1,), bool) if lookup_fallback else None,
+                   unused_drafts=jnp.full((num_slots + 1, max_k), NO_DRAFT, jnp.int32) if lookup_fallback else None)
 
 
 def slot_mapping(block_tables: jax.Array, rows: jax.Array, positions: jax.Array, valid: jax.Array,
@@ -165,19 +169,34 @@ def _draft_rollout(tw: llama.Weights, dw: eagle.EagleWeights, dkv: KVCache, spec
     return jnp.stack(drafts, axis=1), dkv
 
 
-def _lookup_fallback(history: jax.Array, looked_up: jax.Array, slots: jax.Array, total: jax.Array,
-                     failed: jax.Array, head_drafts: jax.Array, spec: StepSpec) -> tuple[jax.Array, ...]:
-    """Prompt lookup as the head's fallback: a row whose drafts were all rejected drafts from the other source next
-    (looked up after the head's, the head's after looked-up ones), the lookup only where it finds a match. A head
-    cannot draft what it never learned to: an EAGLE-3 head drafts only its reduced vocabulary, and an answer that
-    loops on a token outside it (or copies text the head mispredicts) gets one token a step; the lookup drafts such
-    text whole. Returns (drafts [B, k], their count [B], looked_up with these rows' sources)."""
+NO_DRAFT = -3  # SlotState.unused_drafts past the other source's count (emitted tokens are >= 0, or -1 / -2)
+
+
+def _lookup_fallback(history: jax.Array, state: SlotState, slots: jax.Array, total: jax.Array, emitted: jax.Array,
+                     n_acc: jax.Array, verified: jax.Array, head_drafts: jax.Array,
+                     spec: StepSpec) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Prompt lookup as the head's fallback. Each row drafts from one source, the head or the lookup, and keeps the
+    other's drafts; after a step that verified drafts, a row drafts by lookup (where it finds a match) only if the
+    lookup's drafts were accepted, or would have been, strictly further than the head's along the tokens the
+    target emitted, else by the head. A head cannot draft what it never learned to: an EAGLE-3 head drafts only its
+    reduced vocabulary, and an answer that loops on a token outside it gets one token a step, which the lookup
+    drafts whole. Comparing the two on the same tokens, ties to the head, keeps a head that mostly drafts well from
+    handing its steps to a lookup that does worse. emitted [B, k+1]: the step's tokens (accepted drafts, then the
+    target's; -1 past them), n_acc [B]: the drafts accepted, verified [B]: the row had drafts to verify. Returns
+    (drafts [B, k], their count [B], looked_up, unused_drafts)."""
     k = spec.num_speculative_tokens
-    want = looked_up[slots] ^ failed
+    K = state.unused_drafts.shape[1]
+    was = state.looked_up[slots]
+    other = state.unused_drafts[slots][:, :k]
+    agree = jnp.sum(jnp.cumprod((other == emitted[:, :k]).astype(jnp.int32), axis=1), axis=1)  # [B]
+    want = jnp.where(verified, jnp.where(was, n_acc > agree, agree > n_acc), was)
     looked, count = ngram.propose(history, slots, total, k, *spec.ngram, spec.max_model_len)
     use = want & (count > 0)
     drafts = jnp.where(use[:, None], looked, head_drafts)
-    return drafts, jnp.where(use, count, k), looked_up.at[slots].set(use)
+    unused = jnp.where(use[:, None], head_drafts, jnp.where(jnp.arange(k) < count[:, None], looked, NO_DRAFT))
+    unused = jnp.pad(unused, ((0, 0), (0, K - k)), constant_values=NO_DRAFT)
+    return (drafts, jnp.where(use, count, k), state.looked_up.at[slots].set(use),
+            state.unused_drafts.at[slots].set(unused))
 
 
 def _synthetic_accept(logits: jax.Array, drafts: jax.Array, num_valid: jax.Array, seeds: jax.Array,
@@ -275,7 +294,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     num_drafts = jnp.full((B,), k, jnp.int32)
     history = state.history
     j = jnp.arange(k + 1)[None, :]  # the emitted tokens' index
-    looked_up = state.looked_up
+    looked_up, unused_drafts = state.looked_up, state.unused_drafts
     if spec.ngram is not None:
         history = ngram.write(history, jnp.broadcast_to(slots[:, None], emitted.shape), n[:, None] + j, emitted,
                               valid[:, None] & (j <= n_acc[:, None]))
@@ -292,9 +311,8 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
             drafts, draft_kv = _draft_rollout(tw, dw, draft_kv, spec, h, n + n_acc, tables, valid, slots,
                                               proc if spec.processors else None, sampling, g)
             if spec.ngram is not None:
-                failed = (num_valid > 0) & (n_acc == 0)
-                drafts, num_drafts, looked_up = _lookup_fallback(history, looked_up, slots, n + n_acc + 1, failed,
-                                                                 drafts, spec)
+                drafts, num_drafts, looked_up, unused_drafts = _lookup_fallback(
+                    history, state, slots, n + n_acc + 1, emitted, n_acc, num_valid > 0, drafts, spec)
             new_tokens = jnp.concatenate([new_last, drafts], axis=1)
     # 4. commit on device. Past the emitted tokens, `out` tells the drafts verified apart (-1) from positions that
     # had none (-2), so the host counts the drafts each row really made (ngram: any number up to k)
@@ -308,7 +326,7 @@ def decode_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Caches
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(valid, n + n_acc + 1, 1)),
                       num_drafts=state.num_drafts.at[slots].set(num_drafts), proc=proc, grammar=gstate,
-                      history=history, looked_up=looked_up)
+                      history=history, looked_up=looked_up, unused_drafts=unused_drafts)
     out = jnp.concatenate(out, axis=1)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
@@ -406,12 +424,16 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     if g is not None:
         g = gstate = grammar.commit_rows(g, slots, params.extended, first[:, None], commit[:, None])
     num_drafts = jnp.full((R,), k, jnp.int32)
-    history, looked_up = state.history, state.looked_up
+    history, looked_up, unused_drafts = state.history, state.looked_up, state.unused_drafts
     if spec.ngram is not None:  # the chunk's tokens and the first token join the history
         history = ngram.write(history, rows_i32[tok_rows, 0], positions, tokens, tok_valid)
         history = ngram.write(history, slots, first_pos, first, commit)
-    if looked_up is not None:  # a prompt's first drafts are the head's
+    if looked_up is not None:  # a prompt's first drafts are the head's; the lookup's are kept
+        K = unused_drafts.shape[1]
+        looked, count = ngram.propose(history, slots, first_pos + 1, K, *spec.ngram, spec.max_model_len)
+        count = jnp.minimum(count, k)
         looked_up = looked_up.at[slots].set(False)
+        unused_drafts = unused_drafts.at[slots].set(jnp.where(jnp.arange(K) < count[:, None], looked, NO_DRAFT))
     if spec.draft is None and spec.ngram is not None:
         if k > 0:
             drafts, num_drafts = ngram.propose(history, slots, first_pos + 1, k, *spec.ngram, spec.max_model_len)
@@ -431,7 +453,7 @@ def prefill_step(tw: llama.Weights, dw: eagle.EagleWeights | None, caches: Cache
     state = SlotState(tokens=state.tokens.at[slots, :1 + k].set(new_tokens),
                       seq_len=state.seq_len.at[slots].set(jnp.where(commit, first_pos + 1, 1)),  # spare: 1 (decode)
                       num_drafts=state.num_drafts.at[slots].set(num_drafts), proc=proc, grammar=gstate,
-                      history=history, looked_up=looked_up)
+                      history=history, looked_up=looked_up, unused_drafts=unused_drafts)
     return _pin(spec, Caches(target_kv, draft_kv), state, out)
 
 
