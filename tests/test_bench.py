@@ -482,3 +482,14 @@ def test_step_flops_against_a_hand_count(method, k, flops):
     dcfg = None if method is None else eagle.EagleConfig.from_target(
         cfg, method, draft_vocab_size=64 if method == "eagle3" else None, aux_layers=(0, 1))
     assert report.step_flops({"flops": step_flops_per_token(cfg, dcfg, k)}, 3, 10) == flops
+
+
+def test_mode_label_names_the_heads_lookup_fallback():
+    from jaxspec.bench.throughput import mode_label
+
+    assert mode_label({"method": "eagle3", "num_speculative_tokens": 3}, None) == "eagle3 k=3"
+    fallback = {"method": "eagle3", "num_speculative_tokens": 3, "prompt_lookup_max": 5}
+    assert mode_label(fallback, None) == "eagle3 k=3 + lookup"
+    assert mode_label({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 5}, 0.6) == \
+        "ngram k=2 synthetic p=0.6"
+    assert mode_label(None, None) == "no spec"
