@@ -349,7 +349,7 @@ def test_vllm_speculative_config_keys():
                            ({"draft_tensor_parallel_size": 2}, r"LLM\(draft_tensor_parallel_size"),
                            ({"disable_by_batch_size": 1}, "disable_by_batch_size must be"),
                            ({"disable_by_batch_size": 8, "dynamic": True}, "exclude"),
-                           ({"prompt_lookup_max": 4}, "unknown keys")]:
+                           ({"prompt_lookup": 4}, "unknown keys")]:
         with pytest.raises(ValueError, match=message):
             SpeculativeConfig.parse(base | extra)
 
