@@ -24,8 +24,8 @@ class SpeculativeConfig:
     num_speculative_tokens_per_batch_size: dict[int, int] | None = None
     # ngram: the n-gram lengths looked up, longest first (vLLM's defaults: both 5, or the one given). With a head
     # (eagle, eagle3), either one given turns on prompt lookup as the head's fallback (engine/step.py,
-    # _lookup_fallback): a row switches between the head's drafts and looked-up ones when all of its drafts were
-    # rejected and the other source's first draft was the target's token
+    # _lookup_fallback): a row drafts by lookup only where the lookup's drafts were, or would have been, accepted
+    # strictly further than the head's along the tokens the target emitted
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
 

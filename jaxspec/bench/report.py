@@ -88,9 +88,10 @@ def dynamic_vs_best(result: dict) -> list[dict]:
     """--sweep-k: per prompt count (and scheduling), the dynamic policy against the best fixed mode (no speculation
     or a fixed k; the one of highest median): the ratio of their median runs and, with --repeats, the median of
     their ratios round by round. A round runs every mode back to back, so pairing within rounds takes out the
-    host's drift between rounds (runs of one point spread 10-25 % at 256 prompts on the H200, 2026-12-04). With both modes'
-    steps and whether their outputs are the same: on the GPU, greedy outputs of different k can differ (a near tie
-    rounds the other way in another verify shape), and one request whose answer drafts worse sets a run's length."""
+    host's drift between rounds (runs of one point spread 10-25 % at 256 prompts on the H200, 2026-12-04). With
+    both modes' steps and whether their outputs are the same: on the GPU, greedy outputs of different k can differ
+    (a near tie rounds the other way in another verify shape), and one request whose answer drafts worse sets a
+    run's length."""
     groups: dict[tuple[int, bool], dict[str, dict]] = {}
     for p in result["points"]:
         groups.setdefault((p["num_prompts"], p["async"]), {})[p["mode"]] = p

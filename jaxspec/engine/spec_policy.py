@@ -105,8 +105,7 @@ class DynamicPolicy(SpecPolicy):
         # then how often it was accepted, [2K]; per slot the same, [S+1, 2K]
         self.counts = np.zeros(2 * K)
         self.slot_counts = np.zeros((num_slots + 1, 2 * K))
-        self.step_times: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, as choose ranks them
-        self.measured_step_times: dict[tuple[int, int], float] = {}  # ... as measured
+        self.measured_step_times: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, as measured
         self._times: dict[int, list[float]] = {}  # bucket -> seconds for k = 0..K, for choose
         j = np.arange(K)
         # a row that accepted n of k drafts reached position i < k iff n >= i, and accepted it iff n >= i + 1:
@@ -134,7 +133,11 @@ class DynamicPolicy(SpecPolicy):
         buckets = {b for b, _ in times}
         self._times = {b: nondecreasing([times[(b, k)] for k in self.choices]) for b in sorted(buckets)
                        if all((b, k) in times for k in self.choices)}
-        self.step_times = {(b, k): t for b, ts in self._times.items() for k, t in zip(self.choices, ts)}
+
+    @property
+    def step_times(self) -> dict[tuple[int, int], float]:
+        """(bucket, k) -> seconds, as choose ranks them."""
+        return {(b, k): t for b, ts in self._times.items() for k, t in zip(self.choices, ts)}
 
     def reset_slots(self, slots: list[int]) -> None:
         if not slots:
