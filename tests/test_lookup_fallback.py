@@ -13,19 +13,11 @@ import pytest
 from jaxspec import SamplingParams
 from jaxspec.config import SpeculativeConfig
 from jaxspec.engine import step
-from tests.tiny import make_llm, random_prompts, tiny_weights
+from tests.tiny import async_and_sync_tokens, bigram_weights, make_llm, random_prompts
 
 K, LO, HI = 3, 1, 3
 MAX_TOKENS = 40
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-
-
-def _bigram_weights():
-    """TINY's random weights with attention and MLP outputs zeroed: each token decides the next (a bigram model),
-    so greedy text falls into cycles that the lookup predicts and a head trained on the intact model does not."""
-    w = tiny_weights()
-    return dataclasses.replace(w, layers=dataclasses.replace(w.layers, wo=w.layers.wo * 0,
-                                                             w_down=w.layers.w_down * 0))
 
 
 def test_a_row_looks_up_only_where_the_lookup_was_accepted_further_than_the_head():
@@ -75,7 +67,7 @@ def test_fallback_drafts_what_the_head_cannot_and_stays_lossless(method, trained
     """On a bigram target the tiny head (trained on the intact model) drafts almost nothing; with the lookup as its
     fallback the cycles are drafted. Greedy outputs equal plain decoding either way: async and sync, four steps a
     dispatch, a KV pool small enough to preempt, prefixes from the prefix cache, k changing with the batch."""
-    w = _bigram_weights()
+    w = bigram_weights()
     prompts = random_prompts(8, 10, 30, seed=5)
     want = [o.outputs[0].token_ids for o in make_llm(w).generate(prompts, GREEDY, use_tqdm=False)]
     head_alone = make_llm(w, speculative_config=_spec(method, trained_heads))
@@ -93,8 +85,7 @@ def test_fallback_drafts_what_the_head_cannot_and_stays_lossless(method, trained
     tabled = make_llm(w, speculative_config=_spec(method, trained_heads, prompt_lookup_max=HI) | table)
     assert [o.outputs[0].token_ids for o in tabled.generate(prompts, GREEDY, use_tqdm=False)] == want
     sampled = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)
-    runs = [[o.outputs[0].token_ids for o in llm.generate(prompts, sampled, use_tqdm=False, async_scheduling=a)]
-            for a in (True, False)]
+    runs = async_and_sync_tokens(llm, prompts, sampled)
     assert runs[0] == runs[1]
     assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
 

@@ -4,7 +4,6 @@ test_adaptive_k's chi-square)."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 from jaxspec import SamplingParams
 from jaxspec.config import SpeculativeConfig
 from jaxspec.engine import ngram
-from tests.tiny import make_llm, random_prompts, tiny_weights
+from tests.tiny import async_and_sync_tokens, bigram_weights, make_llm, random_prompts, tiny_weights
 
 K, LO, HI = 3, 1, 3
 SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": LO, "prompt_lookup_max": HI}
@@ -66,16 +65,6 @@ def test_lookup_is_vllms_proposer():
             assert np.asarray(drafts)[b, :int(count[b])].tolist() == want, (history[b, :totals[b]], lo, hi, k)
 
 
-def _weights(copying: bool):
-    """TINY's random weights; `copying`: attention and MLP outputs zeroed, so each token decides the next (a
-    bigram model) and greedy text falls into cycles the lookup predicts."""
-    w = tiny_weights()
-    if not copying:
-        return w
-    layers = dataclasses.replace(w.layers, wo=w.layers.wo * 0, w_down=w.layers.w_down * 0)
-    return dataclasses.replace(w, layers=layers)
-
-
 def _replay(prompts: list[list[int]], longer: list[list[int]]) -> tuple[int, int, int]:
     """vLLM's counters (drafts, draft tokens, accepted tokens) for greedy requests of MAX_TOKENS tokens, stepped
     on the host: each step drafts with the oracle from everything so far and accepts the drafts that agree with the
@@ -97,7 +86,7 @@ def test_engine_drafts_and_counts_as_vllm(copying):
     """Greedy: outputs equal plain decoding, async and sync, and the spec-decoding counters equal a host replay of
     vLLM's proposer, also when the prompts' prefixes come from the prefix cache (their history is written apart
     from the prefill)."""
-    w = _weights(copying)
+    w = bigram_weights() if copying else tiny_weights()  # copying: greedy text cycles the lookup predicts
     prompts = random_prompts(6, 10, 30, seed=4)
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     plain = make_llm(w)
@@ -121,7 +110,7 @@ def test_lossless_with_parallel_samples_preemption_and_multi_step():
     greedy, a KV pool small enough to preempt, four steps per dispatch, k switching between 1 and 3 with the
     number of rows (a step then verifies the drafts one made for another k): both samples are plain greedy
     decoding's text; seeded sampling gives the same tokens async and sync."""
-    w = _weights(True)
+    w = bigram_weights()
     prompts = random_prompts(8, 10, 30, seed=5)
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     want = [[o.outputs[0].token_ids] * 2 for o in make_llm(w).generate(prompts, greedy, use_tqdm=False)]
@@ -133,8 +122,7 @@ def test_lossless_with_parallel_samples_preemption_and_multi_step():
     assert llm.get_metrics()["num_preemptions"] > 0
     assert all(n > 0 for n in llm.llm_engine.spec_policy.num_steps_by_k.values())
     sampled = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)
-    runs = [[o.outputs[0].token_ids for o in llm.generate(prompts, sampled, use_tqdm=False, async_scheduling=a)]
-            for a in (True, False)]
+    runs = async_and_sync_tokens(llm, prompts, sampled)
     assert runs[0] == runs[1]
     assert llm.llm_engine.block_manager.num_free == llm.engine_config.num_pages
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,20 @@ CHARS = [chr(ord("a") + i) for i in range(26)] + [chr(ord("A") + i) for i in ran
 
 def tiny_weights(seed: int = 0, cfg: llama.Config = TINY) -> llama.Weights:
     return llama.init(cfg, jax.random.key(seed), scale=0.2)
+
+
+def bigram_weights() -> llama.Weights:
+    """TINY's random weights with attention and MLP outputs zeroed: each token decides the next (a bigram model), so
+    greedy text falls into cycles that prompt lookup predicts (and a head trained on the intact model does not)."""
+    w = tiny_weights()
+    return dataclasses.replace(w, layers=dataclasses.replace(w.layers, wo=w.layers.wo * 0,
+                                                             w_down=w.layers.w_down * 0))
+
+
+def async_and_sync_tokens(llm: LLM, prompts: list, params) -> list[list[list[int]]]:
+    """Each output's token ids from one generate with async scheduling, then one without: [async, sync]."""
+    return [[o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False, async_scheduling=a)]
+            for a in (True, False)]
 
 
 def make_llm(weights: llama.Weights | None, tokenizer: Path | str | None = None, cfg: llama.Config = TINY,
