@@ -34,6 +34,7 @@ from tests.numerics import FP32_EPS, assert_close_scaled
 from tests.tiny import TINY, logprobs_reference, make_llm, tiny_weights, write_char_tokenizer
 
 API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "tiny-chat"
 MAX_TOKENS = 12
 MAX_MODEL_LEN = 256
@@ -119,7 +120,7 @@ def async_client(served) -> openai.AsyncOpenAI:
 
 def scrape(url: str) -> dict[str, float]:
     """/metrics as {name{labels}: value}."""
-    text = httpx.get(url + "/metrics").text
+    text = httpx.get(url + "/metrics", headers=AUTH).text
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line and not line.startswith("#")}
 
@@ -250,7 +251,7 @@ def test_stop_string_and_max_tokens(served):
 def test_models_health_metrics(served):
     models = served.client.models.list()
     assert [m.id for m in models.data] == [MODEL, "alias"]
-    assert httpx.get(served.url + "/health").status_code == 200
+    assert httpx.get(served.url + "/health", headers=AUTH).status_code == 200
     before = scrape(served.url)
     served.client.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0,
                                      extra_body={"ignore_eos": True})
@@ -406,7 +407,7 @@ def test_tokenize_detokenize_version(served):
     assert post(served, "/detokenize", {"tokens": [1, 10**6]}).json()["error"]["param"] == "tokens"
     assert post(served, "/tokenize", {"model": "nope", "prompt": "a"}).status_code == 404
     assert post(served, "/tokenize", {"model": MODEL}).status_code == 400  # neither prompt nor messages
-    version = httpx.get(served.url + "/version", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    version = httpx.get(served.url + "/version", headers=AUTH).json()
     assert version["version"]
 
 
@@ -416,13 +417,15 @@ def test_api_key(served):
             r = post(served, path, {"model": MODEL, "prompt": "a"}, key=key)
             assert r.status_code == 401 and r.json()["error"]["code"] == 401
         assert httpx.get(served.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 401
-        for path in ("/tokenize", "/detokenize"):  # every route but /health and /metrics
+        for path in ("/tokenize", "/detokenize"):  # every route, those vLLM leaves open included
             assert post(served, path, {"prompt": "a", "tokens": [1]}, key=key).status_code == 401
-        assert httpx.get(served.url + "/version").status_code == 401
+        for path in ("/version", "/health", "/metrics"):
+            r = httpx.get(served.url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+            assert r.status_code == 401 and r.json()["error"]["code"] == 401, path
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=served.url + "/v1", api_key="wrong").models.list()
-    assert httpx.get(served.url + "/health").status_code == 200  # open, as in vLLM
-    assert httpx.get(served.url + "/metrics").status_code == 200
+    for path in ("/version", "/health", "/metrics"):
+        assert httpx.get(served.url + path, headers=AUTH).status_code == 200, path
 
 
 # ---- soak
@@ -458,7 +461,7 @@ def test_soak_500_requests_with_disconnects(served):
     usage = asyncio.run(main())
     assert [u for i, u in enumerate(usage) if i % 10] == [max_tokens] * (n - n // 10)
     wait_until_idle(served.url)
-    assert httpx.get(served.url + "/health").status_code == 200
+    assert httpx.get(served.url + "/health", headers=AUTH).status_code == 200
     print(f"soak: {n} requests in {time.monotonic() - start:.1f} s")
 
 
@@ -474,16 +477,16 @@ def test_a_dead_engine_process_fails_its_requests_and_health(oracle):
         r = post(served, "/v1/completions", {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
                                              "temperature": 0, "ignore_eos": True})
         assert r.json()["choices"][0]["text"] == oracle.reference[PROMPTS[0]]
-        assert httpx.get(url + "/health").status_code == 200
+        assert httpx.get(url + "/health", headers=AUTH).status_code == 200
         body = {"model": MODEL, "prompt": "ab", "max_tokens": MAX_MODEL_LEN - 2, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30,
-                          headers={"Authorization": f"Bearer {API_KEY}"}) as resp:
+                          headers=AUTH) as resp:
             lines = resp.iter_lines()
             assert next(lines).startswith("data: ")
             os.kill(engine.pid, signal.SIGKILL)
             events = [line[6:] for line in lines if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and "the engine process exited" in json.loads(events[-2])["error"]["message"]
-        assert httpx.get(url + "/health").status_code == 503
+        assert httpx.get(url + "/health", headers=AUTH).status_code == 503
         r = post(served, "/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 2})
         assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
 
@@ -945,7 +948,8 @@ def test_serve_command_wires_vllm_flags(tmp_path, monkeypatch):
 
 def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
     """vLLM's --chat-template (a file, or the template itself), --trust-request-chat-template, --response-role,
-    CORS (--allowed-origins, none by default), --root-path, and the request-logging flags."""
+    CORS (--allowed-origins, none by default; its preflights answered before the API key's check), --root-path,
+    and the request-logging flags."""
     from fastapi.testclient import TestClient
 
     from jaxspec.cli import main
@@ -965,11 +969,13 @@ def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
              "--disable-frontend-multiprocessing"]
     main([*flags, "--chat-template", str(template), "--response-role", "bot", "--trust-request-chat-template",
           "--allowed-origins", '["http://a.example"]', "--root-path", "/api", "--enable-log-requests",
-          "--disable-log-requests", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+          "--disable-log-requests", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--api-key", "k"])
     assert started["root_path"] == "/api"
     tok = started["app"].state.engine.tokenizer
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
-    with TestClient(started["app"]) as client:
+    no_key = {"Authorization": ""}
+    with TestClient(started["app"], headers={"Authorization": "Bearer k"}) as client:
+        assert client.post("/tokenize", json=body, headers=no_key).status_code == 401
         assert client.post("/tokenize", json=body).json()["tokens"] == tok.encode("hiQ")  # the file's template
         own = {**body, "chat_template": "{{ messages[0]['content'] }}X"}  # trusted: the request's own
         assert client.post("/tokenize", json=own).json()["tokens"] == tok.encode("hiX")
@@ -979,7 +985,7 @@ def test_serve_chat_and_http_flags(tmp_path, monkeypatch):
         r = client.post("/v1/chat/completions", json={**body, "tools": tools})  # auto: the answer parsed for calls
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
         preflight = {"Origin": "http://a.example", "Access-Control-Request-Method": "POST"}
-        r = client.options("/v1/chat/completions", headers=preflight)
+        r = client.options("/v1/chat/completions", headers=preflight | no_key)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://a.example"
     main([*flags, "--chat-template", "{{ messages[0]['content'] }}Y"])  # the template itself
     with TestClient(started["app"]) as client:

@@ -185,7 +185,7 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
         first = await send(client, url, headers, requests[0].body | sampling, time.perf_counter())
         if not first.success:
             raise RuntimeError(f"the first request failed: {first.error}")
-        before = await _counters(client, args.base_url)
+        before = await _counters(client, args.base_url, headers)
         bar = tqdm(total=len(requests), disable=args.disable_tqdm, desc="requests", dynamic_ncols=True)
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
         t0 = time.perf_counter()
@@ -204,7 +204,7 @@ async def benchmark(args: argparse.Namespace, requests: list[RequestInput],
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         bar.close()
-        after = await _counters(client, args.base_url)
+        after = await _counters(client, args.base_url, headers)
     return list(results), duration, {"mean_acceptance_length": acceptance_length(before, after),
                                      **engine_timing(before, after)}
 
@@ -274,11 +274,11 @@ def sweep_table(results: list[dict]) -> str:
                                   "engine steps: ms/step in step / device wait / emit"], rows)
 
 
-async def _counters(client, base_url: str) -> dict[str, float]:
+async def _counters(client, base_url: str, headers: dict) -> dict[str, float]:
     """The server's counters this benchmark reads (spec decoding, vLLM's names; a jaxspec engine's timing), those
-    it has; none without /metrics."""
+    it has; none without /metrics. `headers` carry the API key, which a jaxspec server asks for there too."""
     try:
-        text = (await client.get(base_url.rstrip("/") + "/metrics")).text
+        text = (await client.get(base_url.rstrip("/") + "/metrics", headers=headers)).text
     except Exception:  # noqa: BLE001 - metrics are optional
         return {}
     values = {}

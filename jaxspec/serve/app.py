@@ -5,8 +5,10 @@ in a process of its own) or an LLM, whose engine then runs on a thread of this p
 the app (its lifespan) and is stopped with it; everything else runs on the event loop. A client that disconnects,
 streaming or not, aborts its requests, and the engine frees their pages.
 
-`api_key` guards every route (`Authorization: Bearer <key>`) but /health and /metrics, which stay open for load
-balancers and scrapers, as in vLLM (which also leaves /tokenize, /detokenize and /version open).
+`api_key` guards every route (`Authorization: Bearer <key>`), /health and /metrics included: a load balancer's
+probe or a Prometheus scrape sends the header too (vLLM leaves those two, /tokenize, /detokenize and /version
+open). CORS preflights, which browsers send without credentials, are answered before the key check when
+`allowed_origins` is given.
 """
 
 from __future__ import annotations
@@ -39,20 +41,16 @@ from jaxspec.serve.serving import (APIError, ChatFormat, ChatOptions, Completion
 logger = logging.getLogger("jaxspec.serve")
 
 
-# what load balancers and scrapers call, open as in vLLM; every other route needs the key when one is set
-OPEN_ROUTES = frozenset({"/health", "/metrics"})
-
-
 class APIKeyMiddleware:
-    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): every route but
-    OPEN_ROUTES needs the key."""
+    """Pure ASGI (a BaseHTTPMiddleware would hide client disconnects from the routes): every HTTP request needs
+    the key."""
 
     def __init__(self, app, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_ROUTES:
+        if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
                 error = APIError("Unauthorized: this server needs 'Authorization: Bearer <api key>'", 401)

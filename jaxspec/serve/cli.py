@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
-                                     "(default: $JAXSPEC_API_KEY when set)")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route, /health and /metrics "
+                                     "included (default: $JAXSPEC_API_KEY when set)")
     s.add_argument("--served-model-name", nargs="+", help="model name(s) the API answers to (default: MODEL); "
                                                           "responses report the first")
     s.add_argument("--uvicorn-log-level", default="info",
