@@ -81,6 +81,7 @@ def test_sweep_point(sweep, capsys, monkeypatch):
     for p in saved["profile"]:
         assert 0 < p["nvml_engine_fraction"] <= 1 and 0 < p["nvml_host_work_per_step_ms"] <= p["nvml_wall_per_step_ms"]
         assert p["traced_kernels_over_untraced_wall"] > 0
+        assert sum(g["fraction"] for g in p["idle_gaps"]) == pytest.approx(1 - p["busy_fraction"])
     assert list((tmp / "results").glob("*.json"))
     md = (tmp / "RESULTS.md").read_text()
     assert result["label"] in md and "| num_prompts | mode |" in md
@@ -274,6 +275,19 @@ def test_device_busy_from_trace():
     assert busy["busy_fraction"] == pytest.approx(0.5)  # [100,110) + [120,160)
     assert busy["compute_busy_fraction"] == pytest.approx(0.4)
     assert profile.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    # idle [110, 120) and [160, 200): one 2-10 us gap would be 10 us, so it is in 10-100 with the 40 us one
+    assert [(g["count"], g["ms"]) for g in busy["idle_gaps"]] == [(0, 0), (0, 0), (2, pytest.approx(0.05)), (0, 0)]
+    assert sum(g["fraction"] for g in busy["idle_gaps"]) == pytest.approx(1 - busy["busy_fraction"])
+
+
+def test_idle_gaps_by_length():
+    """Gaps between busy intervals (and before the first, after the last) binned at 2 / 10 / 100 us."""
+    got = profile.idle_gaps([(1, 2), (3, 4), (3.5, 8), (20, 30), (200, 210), (500, 600)], 0, 400)
+    assert [g["gap"] for g in got] == ["< 2 us", "2-10 us", "10-100 us", ">= 100 us"]
+    assert [(g["count"], g["ms"]) for g in got] == [(2, pytest.approx(0.002)), (0, 0), (1, pytest.approx(0.012)),
+                                                   (2, pytest.approx(0.36))]
+    assert sum(g["fraction"] for g in got) == pytest.approx(1 - 26 / 400)  # busy: 1 + 5 + 10 + 10 + 0 (outside)
+    assert report.gaps(got).startswith("< 2 us 0.5%, 2-10 us 0.0%, 10-100 us 3.0%")
 
 
 def test_nvml_busy_keeps_samples_whose_period_lies_inside_the_call(monkeypatch):

@@ -20,6 +20,10 @@ percent of time one or more kernels ran, the number `nvidia-smi` shows): the bus
 the sampling period's resolution (200 ms on the H200). Samples whose period starts before the call are left out,
 so the generate is repeated back to back (`repeats`) until the samples cover its start, steady state and tail
 many times over; the host's gaps between the calls count as idle.
+
+Where the idle time lies: the gaps between the busy intervals, binned by length (GAP_EDGES_US). Gaps of a few
+microseconds sit between the kernels of one launched program (a CUDA graph's node-to-node latency: fewer, longer
+kernels close them); gaps of tens to hundreds are the device waiting for the next program (the host, or a copy).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 ANNOTATION = "jaxspec_bench_generate"
 _DERIVED_LINES = ("XLA Modules", "Steps", "TraceMe", "Framework", "Source", "Launch Stats", "Sparse")
 _COPY_WORDS = ("memcpy", "memset")
+GAP_EDGES_US = (2.0, 10.0, 100.0)  # idle gaps binned as < 2, 2-10, 10-100 and >= 100 us
 
 
 def find_trace(log_dir: str | Path) -> Path:
@@ -52,13 +57,33 @@ def load_trace(path: str | Path) -> dict:
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by [start, end) intervals."""
-    total, end = 0.0, float("-inf")
+    return sum(e - s for s, e in merged(intervals))
+
+
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint intervals in order."""
+    out: list[list[float]] = []
     for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def idle_gaps(intervals: list[tuple[float, float]], lo: float, hi: float,
+              edges: tuple[float, ...] = GAP_EDGES_US) -> list[dict]:
+    """The idle time of [lo, hi) outside the intervals (µs), binned by the length of each gap: per bin (`edges`
+    split lengths into len(edges) + 1 bins) its label, the gaps' count, their total in ms and its fraction of
+    the span."""
+    busy = merged([(max(s, lo), min(e, hi)) for s, e in intervals if s < hi and e > lo])
+    ends, starts = [lo] + [e for _, e in busy], [s for s, _ in busy] + [hi]
+    gaps = np.array([s - e for e, s in zip(ends, starts) if s > e], float)
+    bins = np.digitize(gaps, edges)
+    labels = [f"< {edges[0]:g} us"] + [f"{a:g}-{b:g} us" for a, b in zip(edges, edges[1:])] + [f">= {edges[-1]:g} us"]
+    span = hi - lo
+    return [{"gap": label, "count": int(np.sum(bins == i)), "ms": float(gaps[bins == i].sum()) / 1e3,
+             "fraction": float(gaps[bins == i].sum()) / span if span > 0 else 0.0} for i, label in enumerate(labels)]
 
 
 def _names(events: list[dict]) -> tuple[dict, dict]:
@@ -105,6 +130,7 @@ def device_busy(trace: dict, annotation: str = ANNOTATION) -> dict:
     return {"method": method, "span_ms": span / 1e3, "busy_ms": busy / 1e3, "compute_busy_ms": compute_busy / 1e3,
             "busy_fraction": busy / span if span > 0 else None,
             "compute_busy_fraction": compute_busy / span if span > 0 else None,
+            "idle_gaps": idle_gaps(clip(dev), lo, hi),
             "num_device_events": len(dev), "sum_event_ms": sum(e["dur"] for e in dev) / 1e3}
 
 

@@ -131,10 +131,16 @@ def dynamic_table(comparisons: list[dict]) -> str:
                            "steps, dynamic / best", "same outputs"], rows)
 
 
+def gaps(idle: list[dict] | None) -> str | None:
+    """profile.idle_gaps as one cell: each bin's share of the span."""
+    return None if not idle else ", ".join(f"{g['gap']} {g['fraction']:.1%}" for g in idle)
+
+
 def profile_table(result: dict) -> str:
-    """Device busy fraction sampled by NVML in an untraced run and from the traces; host time per step from the
-    unprofiled timed run of the same mode, scheduling and prompt count when there is one (the profiler slows the
-    host), else from the traced run."""
+    """Device busy fraction sampled by NVML in an untraced run and from the traces, the traced idle time by gap
+    length (profile.idle_gaps: short gaps lie between one program's kernels, long ones between programs); host time
+    per step from the unprofiled timed run of the same mode, scheduling and prompt count when there is one (the
+    profiler slows the host), else from the traced run."""
     timed = {(p["num_prompts"], p["mode"], p["async"]): p for p in result["points"] if ok(p)}
     rows = []
     for p in result.get("profile", []):
@@ -145,12 +151,13 @@ def profile_table(result: dict) -> str:
         nvml = f"{nvml} ({p['nvml_samples']} samples)" if nvml else p.get("nvml_error", "n/a")
         rows.append([p.get("mode"), "async" if p.get("async") else "sync", p.get("num_prompts"), nvml,
                      pct(p.get("traced_kernels_over_untraced_wall")), pct(p.get("nvml_engine_fraction")),
-                     pct(p.get("busy_fraction")), pct(p.get("compute_busy_fraction")), q.get("wall_per_step_ms"),
+                     pct(p.get("busy_fraction")), pct(p.get("compute_busy_fraction")), gaps(p.get("idle_gaps")),
+                     q.get("wall_per_step_ms"),
                      q.get("host_busy_per_step_ms"), q.get("host_wait_per_step_ms"), src,
                      p.get("error") or p.get("method")])
     return markdown_table(["mode", "scheduling", "num_prompts", "busy, untraced (NVML)",
                            "traced kernel time / untraced wall", "engine loop share of wall", "busy, traced",
-                           "compute busy, traced", "wall ms/step",
+                           "compute busy, traced", "idle, traced, by gap length", "wall ms/step",
                            "host work ms/step", "host wait ms/step", "per-step source", "method / error"], rows)
 
 

@@ -651,8 +651,8 @@ def profile(args, bench: Bench, llm, label: str, prompts, counts) -> None:
         bench.result["profile"].append({"mode": label, "num_prompts": n} | p)
         if p.get("busy_fraction") is not None:
             bench.log(f"profile {label} {'async' if is_async else 'sync'}: device busy {p['busy_fraction']:.1%} "
-                      f"of {p['span_ms']:.0f} ms ({p['method']}); {p['wall_per_step_ms']:.2f} ms/step wall, "
-                      f"{p['host_busy_per_step_ms']:.2f} ms/step host work")
+                      f"of {p['span_ms']:.0f} ms ({p['method']}); idle by gap length: {report.gaps(p['idle_gaps'])}; "
+                      f"{p['wall_per_step_ms']:.2f} ms/step wall, {p['host_busy_per_step_ms']:.2f} ms/step host work")
         bench.save()
 
 
