@@ -182,15 +182,17 @@ def test_dynamic_policy_decides_again_every_few_steps_or_when_the_batch_changes(
     assert len(lazy._queued) < MAX_QUEUED
 
 
-def test_dynamic_policy_folds_runs_of_steps_as_one_step_at_a_time():
-    """Observations queued in any order of runs (the same rows and k for several steps, batches that change,
-    k that changes, slot resets between them) fold to the counts of folding each one as it comes."""
+@pytest.mark.parametrize("change", [0.05, 1.0])
+def test_dynamic_policy_folds_runs_of_steps_as_one_step_at_a_time(change):
+    """Observations queued in any order of runs (the same rows and k for several steps, batches that change
+    now and then or at every step, k that changes, slot resets between them) fold to the counts of folding each
+    one as it comes."""
     rng = np.random.default_rng(0)
     for _ in range(10):
         lazy, eager = DynamicPolicy(K, num_slots=16), DynamicPolicy(K, num_slots=16)
         slots = np.arange(8)
         for step in range(200):
-            if rng.random() < 0.05:
+            if rng.random() < change:
                 slots = rng.choice(16, int(rng.integers(1, 12)), replace=False)
             if rng.random() < 0.03:
                 reset = [int(s) for s in rng.choice(16, 2, replace=False)]
