@@ -19,8 +19,10 @@ run() {  # name, prompts, extra flags...
   echo "$name rc $? t=$SECONDS: $(grep -o '[0-9.]* output tokens/s' $OUT/r/$name.log | head -1)"
   grep -o "profile .* async: .*" $OUT/r/$name.log | head -1
 }
+E='{"num_speculative_tokens": 3}'
+run eagle-96 96 --speculative-config "$E" --synthetic-acceptance 0.6
 run plain-1 1
-for n in 1 24 64 96; do
-  run eagle-$n $n --speculative-config '{"num_speculative_tokens": 3}' --synthetic-acceptance 0.6
+for n in 24 1 64; do
+  run eagle-$n $n --speculative-config "$E" --synthetic-acceptance 0.6
 done
 echo "done t=$SECONDS"
