@@ -212,6 +212,71 @@ def test_dynamic_policy_folds_runs_of_steps_as_one_step_at_a_time(change):
         assert lazy.slot_counts.any() and lazy.counts.any()
 
 
+def _counts_by_definition(observations, num_slots):
+    """The policy's counts one row and one position at a time, from the definition: a step with k drafts decays
+    the global counts of positions below k by DECAY and the others by IDLE_DECAY; a row offered d drafts (k when
+    None) that accepted n reached position i < d iff n >= i and accepted it iff n >= i + 1, and its slot's counts of
+    the positions below d decay by SLOT_DECAY; a reset (k None) clears its slots."""
+    from jaxspec.engine.spec_policy import DECAY, IDLE_DECAY, SLOT_DECAY
+
+    counts, slot_counts = np.zeros(2 * K), np.zeros((num_slots + 1, 2 * K))
+    for slots, k, accepted, offered in observations:
+        if k is None:
+            slot_counts[slots] = 0.0
+            continue
+        for i in range(K):
+            for half in (0, K):
+                counts[half + i] *= DECAY if i < k else IDLE_DECAY
+        for r, slot in enumerate(slots):
+            d = k if offered is None else offered[r]
+            for i in range(d):
+                for half, reached in ((0, accepted[r] >= i), (K, accepted[r] >= i + 1)):
+                    counts[half + i] += reached
+                    slot_counts[slot, half + i] = slot_counts[slot, half + i] * SLOT_DECAY + reached
+    return counts, slot_counts
+
+
+@pytest.mark.parametrize("shorter", [0.0, 0.3])
+def test_dynamic_policy_counts_are_their_definition(shorter):
+    """Queued observations folded in runs (steady rows), one at a time (rows offered fewer than k drafts, as prompt
+    lookup's shorter matches give) and slot resets between them give the counts of the definition, position by
+    position."""
+    rng = np.random.default_rng(1)
+    p, observations, slots = DynamicPolicy(K, num_slots=16), [], np.arange(6)
+    for step in range(150):
+        if rng.random() < 0.1:
+            slots = rng.choice(16, int(rng.integers(1, 10)), replace=False)
+        if rng.random() < 0.03:
+            reset = rng.choice(16, 2, replace=False)
+            p.reset_slots([int(s) for s in reset])
+            observations.append((reset, None, None, None))
+        k = K if rng.random() < 0.8 else int(rng.integers(0, K + 1))
+        offered = None
+        if k and rng.random() < shorter:
+            offered = rng.integers(0, k + 1, len(slots))
+        accepted = rng.integers(0, (k if offered is None else offered) + 1, len(slots))
+        p.observe(slots.copy(), k, accepted.copy(), None if offered is None else offered.copy())
+        observations.append((slots.copy(), k, accepted, offered))
+        if rng.random() < 0.1:
+            p._fold()
+    p._fold()
+    counts, slot_counts = _counts_by_definition(observations, 16)
+    np.testing.assert_allclose(p.counts, counts, rtol=1e-12)
+    np.testing.assert_allclose(p.slot_counts, slot_counts, rtol=1e-12, atol=1e-12 * slot_counts.max())
+
+
+def test_dynamic_policy_does_not_count_drafts_a_row_was_not_offered():
+    """Rows offered one draft of K that accept it: the first position's estimate rises toward 1, the later ones
+    stay where nothing measured them (counting them as rejected would have sent them toward 0)."""
+    p, fresh = DynamicPolicy(K, num_slots=8), DynamicPolicy(K, num_slots=8)
+    slots = np.arange(8)
+    for _ in range(60):
+        p.observe(slots, K, np.ones(8, np.int64), np.ones(8, np.int64))
+    a, prior = p.acceptance(slots), fresh.acceptance(slots)
+    assert (a[:, 0] > 0.9).all()
+    np.testing.assert_allclose(a[:, 1:], prior[:, 1:], rtol=1e-9)
+
+
 def test_dynamic_policy_decision_stands_while_few_rows_change():
     """The standing decision holds while the bucket is the same and at most 1/CHANGED_ROWS of the rows it weighed
     (at least one) finished or joined: requests finishing one by one do not make every step decide again. New

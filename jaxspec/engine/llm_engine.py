@@ -392,10 +392,13 @@ class LLMEngine:
         live = np.array([seq.status is not finished for seq in plan.decode], bool)
         live &= decode_np[:len(plan.decode), 0] > 0  # a row a multi-step dispatch stopped made no step
         accepted = decode_np[:len(plan.decode), 0][live].astype(np.int64) - 1
-        self.spec_policy.observe(np.asarray(plan.decode_slots)[live], k, accepted)
+        slots = np.asarray(plan.decode_slots)[live]
         if k == 0:
+            self.spec_policy.observe(slots, k, accepted)
             return
         drafts = k - np.count_nonzero(decode_np[:len(plan.decode), 2:k + 2][live] == -2, axis=1)
+        # rows offered fewer than k (prompt lookup's shorter matches, the end of max_model_len) reached no further
+        self.spec_policy.observe(slots, k, accepted, drafts if len(drafts) and drafts.min() < k else None)
         m.num_drafts += int(np.count_nonzero(drafts))
         m.num_draft_tokens += int(drafts.sum())
         m.num_accepted_tokens += int(accepted.sum())

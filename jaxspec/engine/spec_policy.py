@@ -14,7 +14,8 @@ compute-bound and drafts that are rarely accepted cost more than they give. Thre
 
   where t(B, k) is the step time of padded batch B with k drafts, measured at warm-up (ModelRunner.time_decode) and
   fitted non-decreasing in k, and a_r[i] the probability that draft position i is accepted once every earlier one
-  was: counted over recent steps (counts decay by DECAY per step that offered the position), per slot (the request
+  was: counted over recent steps and the rows offered that position (prompt lookup, a head's fallback, may offer
+  a row fewer than k) (counts decay by DECAY per step that offered the position), per slot (the request
   in it) shrunk toward the global rate, which is shrunk toward PRIOR. A position no step offers keeps its estimate,
   forgotten toward the prior only slowly (IDLE_DECAY per step, a memory of about 500 steps): a policy that stopped
   speculating tries again after a while, and one that settled on a small k does not keep re-trying a large one on
@@ -72,8 +73,11 @@ class SpecPolicy:
     def choose(self, num_rows: int, bucket: int, slots: np.ndarray) -> int:
         return self.k
 
-    def observe(self, slots: np.ndarray, k: int, num_accepted: np.ndarray) -> None:
-        """One committed step: the rows' slots and how many drafts each accepted (of k)."""
+    def observe(self, slots: np.ndarray, k: int, num_accepted: np.ndarray,
+                num_offered: np.ndarray | None = None) -> None:
+        """One committed step: the rows' slots, how many drafts each accepted, and how many it was offered (None:
+        k each; fewer where prompt lookup, the head's fallback, found a shorter continuation, or near
+        max_model_len)."""
 
     def reset_slots(self, slots: list[int]) -> None:
         """New requests in these slots."""
@@ -117,9 +121,13 @@ class DynamicPolicy(SpecPolicy):
         powers = np.arange(MAX_QUEUED + 1)[:, None]
         self._decay = [np.tile(np.where(j < k, DECAY, IDLE_DECAY), 2) ** powers for k in range(K + 1)]
         self._slot_decay = [np.where(o, SLOT_DECAY, 1.0) ** powers for o in offered]
+        # a row offered d < k drafts (_fold_offered): its count row _new[d][a], [(K+1) * (K+1), 2K], and its slot's
+        # decay, [K+1, 2K]
+        self._new_by_offered = np.concatenate(self._new)
+        self._slot_decay_by_offered = np.stack([d[1] for d in self._slot_decay])
         self._pseudo: np.ndarray | None = None
-        # observations (slots, k, accepted) and slot resets (slots, None, None) not folded in yet
-        self._queued: list[tuple[np.ndarray, int | None, np.ndarray | None]] = []
+        # observations (slots, k, accepted, offered) and slot resets (slots, None, None, None) not folded in yet
+        self._queued: list[tuple[np.ndarray, int | None, np.ndarray | None, np.ndarray | None]] = []
         self._decision: tuple[int, int, int] | None = None  # (bucket, rows, k) of the standing one
         self._decided = np.zeros(num_slots + 1, bool)  # the slots it was made for (a reset slot: no longer)
         self._since_decision = 0  # observations since it was made
@@ -142,11 +150,12 @@ class DynamicPolicy(SpecPolicy):
     def reset_slots(self, slots: list[int]) -> None:
         if not slots:
             return
-        self._queue((np.asarray(slots), None, None))  # cleared in order with the queued observations
+        self._queue((np.asarray(slots), None, None, None))  # cleared in order with the queued observations
         self._decided[slots] = False  # new requests: rows the standing decision did not weigh
 
-    def observe(self, slots: np.ndarray, k: int, num_accepted: np.ndarray) -> None:
-        self._queue((slots, k, num_accepted))
+    def observe(self, slots: np.ndarray, k: int, num_accepted: np.ndarray,
+                num_offered: np.ndarray | None = None) -> None:
+        self._queue((slots, k, num_accepted, num_offered))
         self._since_decision += 1
 
     def _queue(self, item: tuple) -> None:
@@ -156,18 +165,20 @@ class DynamicPolicy(SpecPolicy):
 
     def _fold(self) -> None:
         """The queued observations (and slot resets, k None) into the counts, in order; each run of observations
-        with the same k over the same rows (a steady batch) in one go."""
+        with the same k over the same rows (a steady batch), every row offered all k drafts, in one go."""
         queued, i = self._queued, 0
         while i < len(queued):
-            slots, k, num_accepted = queued[i]
+            slots, k, num_accepted, num_offered = queued[i]
             j = i + 1
             if k is None:
                 self.slot_counts[slots] = 0.0
+            elif num_offered is not None:
+                self._fold_offered(slots, k, num_accepted, num_offered)
             else:
-                while (j < len(queued) and queued[j][1] == k and len(queued[j][0]) == len(slots)
-                       and np.array_equal(queued[j][0], slots)):
+                while (j < len(queued) and queued[j][1] == k and queued[j][3] is None
+                       and len(queued[j][0]) == len(slots) and np.array_equal(queued[j][0], slots)):
                     j += 1
-                self._fold_run(slots, k, [a for _, _, a in queued[i:j]])
+                self._fold_run(slots, k, [a for _, _, a, _ in queued[i:j]])
             i = j
         if queued:
             self._pseudo = None  # the shrinkage toward the new global rate, made when next needed
@@ -192,6 +203,21 @@ class DynamicPolicy(SpecPolicy):
             per_step = np.bincount((acc + np.arange(0, G * n, n)[:, None]).ravel(), minlength=G * n)  # [G * n]
             self.counts += ((per_step.reshape(G, n) @ new) * self._decay[k][G - 1::-1]).sum(axis=0)
             own += np.einsum("grd,gd->rd", new.take(acc, axis=0), self._slot_decay[k][G - 1::-1])
+        self.slot_counts[slots] = own
+
+    def _fold_offered(self, slots: np.ndarray, k: int, accepted: np.ndarray, offered: np.ndarray) -> None:
+        """One observation whose rows were offered different numbers of drafts: a row offered d reached only
+        positions below d, and its slot's counts of the positions past d neither grow nor decay. The global counts
+        decay by the step's k, as in _fold_run."""
+        self.counts *= self._decay[k][1]
+        if not k or not len(slots):
+            return
+        n = self.max_k + 1
+        index = offered * n + accepted  # the row of _new[d][a] in _new_by_offered
+        self.counts += np.bincount(index, minlength=n * n) @ self._new_by_offered
+        own = self.slot_counts.take(slots, axis=0)
+        own *= self._slot_decay_by_offered.take(offered, axis=0)
+        own += self._new_by_offered.take(index, axis=0)
         self.slot_counts[slots] = own
 
     def _shrinkage(self) -> np.ndarray:
