@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from jaxspec import presets
+from jaxspec.config import SpeculativeConfig
 from jaxspec.convert.checkpoint import load_model
 from jaxspec.resolve import resolve_head, resolve_model
 from tests.tiny import TINY, write_model_dir, write_random_head
@@ -38,6 +39,9 @@ def test_every_form_finds_the_same_files(fake_preset, monkeypatch):
         files = resolve_model(model)
         assert (files.weights, files.hf_dir, files.tokenizer) == (root / "ckpt", root / "hf", root / "hf"), model
         assert files.preset == PRESET and files.head["model"] == str(head) and (head / "model.safetensors").is_file()
+    spec = SpeculativeConfig.parse(files.head)  # the head with prompt lookup (n-grams of 2-5) as its fallback
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (
+        "eagle3", 3, 2, 5)
     hf = resolve_model(root / "hf")
     assert (hf.weights, hf.tokenizer, hf.preset) == (root / "hf", root / "hf", PRESET)
     cfg, _ = load_model(root)  # a preset's weights directory, as LLM and the benchmark take it
