@@ -491,6 +491,34 @@ def test_a_dead_engine_process_fails_its_requests_and_health(oracle):
         assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
 
 
+def test_the_engine_snapshots_its_counters_before_the_outputs_that_leave_it_idle(oracle):
+    """When a step's outputs leave the engine idle, the metrics snapshot goes out before them: a client that has its
+    last token and then reads /metrics (`jaxspec bench serve`) sees every step of its run counted (the snapshot
+    after them once lost the run's last steps to that race)."""
+    import queue
+
+    from jaxspec.serve.engine_core import Add, EngineCore, Stop
+
+    llm = tiny_chat_llm(str(oracle.path))  # its own: the thread server's engine runs the oracle's
+    commands, events, ids = queue.SimpleQueue(), [], [f"r{i}" for i in range(3)]
+    finished = set()
+
+    def emit(event):
+        events.append(event)
+        if event[0] == "outputs":
+            finished.update(o.request_id for o in event[1] if o.finished)
+            if finished == set(ids):
+                commands.put(Stop())
+
+    commands.put(Add(0, [(rid, {"prompt_token_ids": [3, 1, 4][:i + 1]},
+                          SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True))
+                         for i, rid in enumerate(ids)]))
+    EngineCore(llm, commands, emit, snapshot_interval_s=1e9).run()  # no periodic snapshots
+    last = max(i for i, e in enumerate(events) if e[0] == "outputs")
+    assert events[last - 1][0] == "metrics" and events[last + 1][0] == "metrics"
+    assert events[last - 1][1]["num_steps"] == llm.stats()["num_steps"] >= 4 + 3 * (len(ids) - 1)
+
+
 def test_the_events_reader_leaves_the_event_loop_its_turn(monkeypatch):
     """However many events wait in the pipe, one wake-up routes at most MAX_EVENTS_PER_WAKEUP of them, so that the
     streams' tasks run in between; the next wake-ups take the rest, in order."""

@@ -3,10 +3,10 @@
 `LLMEngine` is not thread-safe, so one `EngineCore` runs it. Before each step it drains the commands queued for
 it (add, abort, stop); it steps while any request is unfinished and blocks for a command when none is. What it
 has to say goes through `emit`, as events: an add's acknowledgement, each step's outputs with their time, a
-snapshot of `LLM.stats()` (every `snapshot_interval_s`, and whenever it goes idle; with `emit_s`, the time
-spent handing outputs on, which grows when the server cannot keep up) and the error that stopped it. Where
-events go (this process's event loop, or a pipe to the server's process) is the caller's business
-(jaxspec.serve.engine_loop, jaxspec.serve.engine_process).
+snapshot of `LLM.stats()` (every `snapshot_interval_s`, and whenever it goes idle, before and after the last
+outputs; with `emit_s`, the time spent handing outputs on, which grows when the server cannot keep up) and the
+error that stopped it. Where events go (this process's event loop, or a pipe to the server's process) is the
+caller's business (jaxspec.serve.engine_loop, jaxspec.serve.engine_process).
 
 Adds are acknowledged: the core validates a batch of requests (`make_request` raises a ValueError naming the
 problem) and queues them only if all are valid, so a bad request gets its 400 before any response header is
@@ -63,6 +63,11 @@ class EngineCore:
             while self._apply(self._next_commands()):
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
+                    if outputs and not self.engine.has_unfinished_requests():
+                        # idle now: the snapshot goes before these outputs, so that a client holding its last
+                        # token reads counters (/metrics) that hold every step (after them, a benchmark's final
+                        # read could beat it and miss the run's last steps)
+                        self._snapshot(force=True)
                     if outputs:
                         now = time.perf_counter()
                         self._live.difference_update(o.request_id for o in outputs if o.finished)
