@@ -10,6 +10,14 @@ MAX_SPECULATIVE_TOKENS = 16
 
 
 NGRAM_METHODS = ("ngram", "[ngram]", "ngram_gpu")  # vLLM's names of prompt lookup (the last its GPU proposer's)
+LOOKUP_KEYS = {"prompt_lookup_min", "prompt_lookup_max"}
+
+
+def has_lookup_fallback(spec: dict) -> bool:
+    """Whether a speculative_config dict asks for a head with prompt lookup as its fallback (vLLM: a config
+    without a method whose model is "ngram" is ngram speculation, no head)."""
+    ngram = spec.get("method") in NGRAM_METHODS or (spec.get("method") is None and spec.get("model") in NGRAM_METHODS)
+    return not ngram and bool(LOOKUP_KEYS & set(spec))
 
 
 @dataclass
@@ -44,9 +52,8 @@ class SpeculativeConfig:
             method = "ngram" if spec.get("model") in NGRAM_METHODS else "eagle"
         method = "ngram" if method in NGRAM_METHODS else check_method(method, "speculative_config.method")
         spec = _from_vllm(spec)
-        lookup = {"prompt_lookup_min", "prompt_lookup_max"}
         unknown = set(spec) - {"method", "model", "num_speculative_tokens", "dynamic",
-                               "num_speculative_tokens_per_batch_size"} - lookup
+                               "num_speculative_tokens_per_batch_size"} - LOOKUP_KEYS
         if unknown:
             raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}")
         if method == "ngram":
@@ -70,7 +77,7 @@ class SpeculativeConfig:
                 raise ValueError("speculative_config: dynamic and num_speculative_tokens_per_batch_size exclude "
                                  "each other")
             table = _k_table(table, k)
-        lookup_min, lookup_max = _lookup_lengths(spec) if method == "ngram" or lookup & set(spec) else (None, None)
+        lookup_min, lookup_max = _lookup_lengths(spec) if method == "ngram" or LOOKUP_KEYS & set(spec) else (None, None)
         return cls(method=method, model=None if method == "ngram" else str(spec["model"]),
                    num_speculative_tokens=k, dynamic=dynamic, num_speculative_tokens_per_batch_size=table,
                    prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)

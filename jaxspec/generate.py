@@ -94,10 +94,10 @@ def run(args: argparse.Namespace) -> dict:
     if spec is None:
         print("no draft head: plain decoding (pass --speculative-config to use one)")
     else:
-        from jaxspec.config import NGRAM_METHODS  # imports jax: not at the module's import
+        from jaxspec.config import NGRAM_METHODS, has_lookup_fallback  # imports jax: not at the module's import
         drafter = "ngram lookup" if spec["method"] in NGRAM_METHODS else f"{spec['method']} head"
-        if spec["method"] not in NGRAM_METHODS and {"prompt_lookup_min", "prompt_lookup_max"} & set(spec):
-            drafter += " + prompt lookup"  # the head's fallback
+        if has_lookup_fallback(spec):
+            drafter += " + prompt lookup"
         print(f"{drafter}, k={spec['num_speculative_tokens']}: mean acceptance length "
               f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
               f"{[round(r, 3) for r in m['acceptance_rate_per_position']]}")

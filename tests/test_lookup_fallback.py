@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxspec import SamplingParams
-from jaxspec.config import SpeculativeConfig
+from jaxspec.config import SpeculativeConfig, has_lookup_fallback
 from jaxspec.engine import step
 from tests.tiny import async_and_sync_tokens, bigram_weights, make_llm, random_prompts
 
@@ -100,3 +100,14 @@ def test_config():
     assert parse(base | {"prompt_lookup_min": 2, "prompt_lookup_max": 5, "dynamic": True}).dynamic
     with pytest.raises(ValueError, match="prompt_lookup_min=4 must be <= prompt_lookup_max=2"):
         parse(base | {"prompt_lookup_min": 4, "prompt_lookup_max": 2})
+
+
+def test_has_lookup_fallback_reads_a_config_as_parse_does():
+    """The labels' test (jaxspec generate, the benchmark) agrees with the parsed config on every form of it."""
+    head = {"method": "eagle3", "model": "head", "num_speculative_tokens": 3}
+    for spec in [head, head | {"prompt_lookup_min": 2}, {**head, "method": "eagle", "prompt_lookup_max": 5},
+                 {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5},
+                 {"model": "[ngram]", "num_speculative_tokens": 3, "prompt_lookup_min": 2},
+                 {"model": "head", "num_speculative_tokens": 3, "prompt_lookup_min": 2}]:
+        parsed = SpeculativeConfig.parse(spec)
+        assert has_lookup_fallback(spec) == (parsed.prompt_lookup_max is not None and not parsed.is_ngram), spec

@@ -231,8 +231,8 @@ def mode_label(spec: dict | None, synthetic: float | None) -> str:
     if spec is None:
         return "no spec"
     label = f"{spec['method']} k={spec.get('num_speculative_tokens')}"
-    from jaxspec.config import NGRAM_METHODS
-    if spec["method"] not in NGRAM_METHODS and {"prompt_lookup_min", "prompt_lookup_max"} & set(spec):
+    from jaxspec.config import has_lookup_fallback
+    if has_lookup_fallback(spec):
         label += " + lookup"  # prompt lookup as the head's fallback
     return label + (f" synthetic p={synthetic:g}" if synthetic is not None else "")
 
